@@ -26,24 +26,30 @@ def _expand_heads(x: torch.Tensor, hv: int) -> torch.Tensor:
     return x.repeat_interleave(hv // h, dim=-2)
 
 
-def _batched(seq_rank: int, shared: tuple[int, ...] = ()):
+def _batched(*ranks: int):
     """Let a single-sequence reference take an optional leading batch dim B.
 
-    The first argument decides: rank `seq_rank` is one sequence, rank `seq_rank + 1` is a batch. Positional args whose
-    index is in `shared` (weights) are passed unchanged; every other tensor is indexed by the batch item, so batched
-    `parents` must be [B, N] and `leaf` [B].
+    `ranks` gives each positional argument's rank in the single-sequence form. The first argument decides: at its own
+    rank the call is one sequence, one rank above it is a batch of B. Then every tensor argument one rank above its
+    single-sequence rank is indexed by the batch item (q [B, N, H, K], parents [B, N], leaf [B]); every other argument
+    (parents [N] shared by the batch, weights, ints, keywords) is passed unchanged.
     """
 
     def decorate(fn):
         @functools.wraps(fn)
-        def wrapper(*args):
-            if args[0].dim() == seq_rank:
-                return fn(*args)
-            items = []
-            for b in range(args[0].shape[0]):
-                items.append(fn(*(a if i in shared or not isinstance(a, torch.Tensor) else a[b] for i, a in enumerate(args))))
+        def wrapper(*args, **kwargs):
+            if args[0].dim() == ranks[0]:
+                return fn(*args, **kwargs)
+
+            def item(b: int) -> list:
+                return [
+                    a[b] if isinstance(a, torch.Tensor) and i < len(ranks) and a.dim() == ranks[i] + 1 else a
+                    for i, a in enumerate(args)
+                ]
+
+            items = [fn(*item(b), **kwargs) for b in range(args[0].shape[0])]
             if isinstance(items[0], tuple):
-                return tuple(torch.stack(x) for x in zip(*items))
+                return tuple(torch.stack(x) for x in zip(*items, strict=True))
             return torch.stack(items)
 
         return wrapper
@@ -51,23 +57,28 @@ def _batched(seq_rank: int, shared: tuple[int, ...] = ()):
     return decorate
 
 
-def tree_path_cumsum(g: torch.Tensor, parents: torch.Tensor) -> torch.Tensor:
-    """[N, HV] log-decays -> [N, HV] path prefix sums G_i = g_i + G_parent(i)."""
-    out = torch.empty_like(g)
-    for i, p in enumerate(parents.tolist()):
-        out[i] = g[i] if p < 0 else g[i] + out[p]
-    return out
-
-
 def ancestor_masks(parents: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """[N] parents -> (proper-ancestor mask [N, N], ancestor-or-self mask [N, N]); mask[i, j]: j above i."""
+    """[N] parents -> (proper-ancestor mask [N, N], ancestor-or-self mask [N, N]); mask[i, j]: j above i.
+
+    Transitive closure of the parent relation by repeated squaring: after s squarings R holds every ancestor within
+    distance 2^s, so ceil(log2 N) matmuls suffice and nothing syncs with the host.
+    """
     n = parents.numel()
-    anc = torch.zeros(n, n, dtype=torch.bool, device=parents.device)
-    for i, p in enumerate(parents.tolist()):
-        if p >= 0:
-            anc[i] = anc[p]
-            anc[i, p] = True
-    return anc, anc | torch.eye(n, dtype=torch.bool, device=parents.device)
+    idx = torch.arange(n, device=parents.device)
+    eye = torch.eye(n, dtype=torch.bool, device=parents.device)
+    reach = eye.float()
+    has_parent = parents >= 0
+    reach[idx[has_parent], parents[has_parent]] = 1.0
+    for _ in range(max(n - 1, 1).bit_length()):
+        reach = (reach @ reach).clamp_(max=1.0)
+    anc_self = reach > 0
+    return anc_self & ~eye, anc_self
+
+
+def tree_path_cumsum(g: torch.Tensor, parents: torch.Tensor) -> torch.Tensor:
+    """[N, HV] log-decays -> [N, HV] path prefix sums G_i = g_i + G_parent(i) (= ancestor-or-self mask @ g)."""
+    _, anc_self = ancestor_masks(parents)
+    return anc_self.to(g.dtype) @ g
 
 
 def path_to(parents: torch.Tensor, leaf: int) -> list[int]:
@@ -80,7 +91,7 @@ def path_to(parents: torch.Tensor, leaf: int) -> list[int]:
     return path[::-1]
 
 
-@_batched(3)
+@_batched(3, 3, 3, 2, 2, 3)
 def gdn_recurrent_ref(
     q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor, beta: torch.Tensor, initial_state: torch.Tensor
 ) -> tuple[torch.Tensor, torch.Tensor]:
@@ -105,14 +116,17 @@ def gdn_recurrent_ref(
 
 
 def _tree_pseudo_values(k, v, g, beta, parents, initial_state):
-    """Solve (I + A) U = beta (V - e^G K S0) on the tree. Returns (U [HV, N, V], G [HV, N], k_e [HV, N, K], acc)."""
+    """Solve (I + A) U = beta (V - e^G K S0) on the tree.
+
+    Returns (U [HV, N, V], G [HV, N], k_e [HV, N, K], ancestor-or-self mask [N, N], accumulation dtype).
+    """
     acc = torch.float64 if k.dtype == torch.float64 else torch.float32
     hv = v.shape[1]
     ke = _expand_heads(k, hv).to(acc).transpose(0, 1)  # [HV, N, K]
     vv = v.to(acc).transpose(0, 1)  # [HV, N, V]
-    G = tree_path_cumsum(g.to(acc), parents).transpose(0, 1)  # [HV, N]
+    anc, anc_self = ancestor_masks(parents)
+    G = (anc_self.to(acc) @ g.to(acc)).transpose(0, 1)  # [HV, N] path cumsum
     b = beta.to(acc).transpose(0, 1)  # [HV, N]
-    anc, _ = ancestor_masks(parents)
     s0 = initial_state.to(acc)
     # ratios e^(G_i - G_j) <= 1: mask with -inf before exp so no overflow on cross-branch pairs
     ratio = (G[:, :, None] - G[:, None, :]).masked_fill(~anc, float("-inf")).exp()
@@ -120,10 +134,10 @@ def _tree_pseudo_values(k, v, g, beta, parents, initial_state):
     rhs = b[:, :, None] * (vv - G.exp()[:, :, None] * (ke @ s0))
     eye = torch.eye(A.shape[-1], dtype=acc, device=A.device)
     U = torch.linalg.solve_triangular(eye + A, rhs, upper=False, unitriangular=True)
-    return U, G, ke, acc
+    return U, G, ke, anc_self, acc
 
 
-@_batched(3)
+@_batched(3, 3, 3, 2, 2, 1, 3)
 def gdn_tree_verify_ref(
     q: torch.Tensor,
     k: torch.Tensor,
@@ -142,16 +156,15 @@ def gdn_tree_verify_ref(
     Returns:
         o: [N, HV, V] with o_i = S_i^T q_i, S_i the state after the path node 0..i.
     """
-    U, G, ke, acc = _tree_pseudo_values(k, v, g, beta, parents, initial_state)
+    U, G, ke, anc_self, acc = _tree_pseudo_values(k, v, g, beta, parents, initial_state)
     hv = v.shape[1]
     qe = _expand_heads(q, hv).to(acc).transpose(0, 1)  # [HV, N, K]
-    _, anc_self = ancestor_masks(parents)
     ratio = (G[:, :, None] - G[:, None, :]).masked_fill(~anc_self, float("-inf")).exp()
     o = G.exp()[:, :, None] * (qe @ initial_state.to(acc)) + (ratio * (qe @ ke.transpose(1, 2))) @ U
     return o.transpose(0, 1).to(v.dtype)
 
 
-@_batched(3)
+@_batched(3, 3, 2, 2, 1, 3, 0)
 def gdn_tree_commit_ref(
     k: torch.Tensor,
     v: torch.Tensor,
@@ -172,7 +185,7 @@ def gdn_tree_commit_ref(
     return state
 
 
-@_batched(3)
+@_batched(3, 3, 3, 2, 2, 1, 3)
 def gdn_tree_verify_per_branch_ref(
     q: torch.Tensor,
     k: torch.Tensor,
@@ -186,19 +199,21 @@ def gdn_tree_verify_per_branch_ref(
 
     Returns: o [N, HV, V] and states [N, HV, K, V] (the N x HV x K x V memory the fused solve avoids).
     """
-    n = q.shape[0]
-    states = []
-    outs = []
-    plist = parents.tolist()
-    for i in range(n):
-        prev = initial_state if plist[i] < 0 else states[plist[i]]
-        o, s = gdn_recurrent_ref(q[i : i + 1], k[i : i + 1], v[i : i + 1], g[i : i + 1], beta[i : i + 1], prev)
-        outs.append(o[0])
-        states.append(s)
-    return torch.stack(outs), torch.stack(states)
+    acc = torch.float64 if q.dtype == torch.float64 else torch.float32
+    hv = v.shape[1]
+    qe, ke = _expand_heads(q, hv).to(acc), _expand_heads(k, hv).to(acc)
+    alpha, b, vv = g.to(acc).exp(), beta.to(acc), v.to(acc)
+    s0 = initial_state.to(acc)
+    states = torch.empty(q.shape[0], *initial_state.shape, dtype=acc, device=q.device)
+    for i, p in enumerate(parents.tolist()):
+        s = (s0 if p < 0 else states[p]) * alpha[i][:, None, None]
+        u = b[i][:, None] * (vv[i] - torch.einsum("hkv,hk->hv", s, ke[i]))
+        states[i] = s + ke[i][:, :, None] * u[:, None, :]
+    o = torch.einsum("nhkv,nhk->nhv", states, qe)
+    return o.to(v.dtype), states.to(initial_state.dtype)
 
 
-@_batched(2, shared=(1, 2, 5))
+@_batched(2, 2, 1, 1, 2)
 def gdn_tree_conv1d_ref(
     x: torch.Tensor,
     weight: torch.Tensor,
@@ -238,7 +253,7 @@ def gdn_tree_conv1d_ref(
     return y.to(x.dtype)
 
 
-@_batched(2)
+@_batched(2, 1, 2, 0)
 def gdn_tree_conv_commit_ref(
     x: torch.Tensor, parents: torch.Tensor, conv_state: torch.Tensor, leaf: int | torch.Tensor
 ) -> torch.Tensor:
