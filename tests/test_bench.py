@@ -1,0 +1,153 @@
+"""weaver.bench: one record per prompt, resume after an interrupt, meta.json as the completion marker."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from weaver.bench import CellConfig, parse_args, read_records, run_prompts
+
+PROMPTS = [(f"p{i}", list(range(1, 4 + i))) for i in range(5)]
+
+
+def fake_stats(ids: list[int]) -> dict[str, Any]:
+    """A stand-in for GenerationStats.to_dict(): deterministic in the prompt, two speculative steps."""
+    accept = [len(ids) % 3 + 1, 2]
+    new = 1 + sum(accept)
+    return {
+        "prompt_tokens": len(ids),
+        "new_tokens": new,
+        "steps": 1 + len(accept),
+        "accept_lengths": accept,
+        "tree_sizes": [4, 4],
+        "draft_s": [0.01, 0.01],
+        "tree_s": [0.0, 0.0],
+        "verify_s": [0.02, 0.02],
+        "ttft_s": 0.05,
+        "wall_s": 0.1,
+        "tau": new / 3,
+        "tokens_per_s": new / 0.1,
+        "hit_eos": False,
+    }
+
+
+class Interrupt(Exception):
+    pass
+
+
+def make_cell(out: Path, **changes: Any) -> CellConfig:
+    cell = CellConfig(
+        model="smollm2-135m",
+        model_name="smollm2-135m",
+        dataset="mt_bench",
+        method="chain",
+        budget=4,
+        temperature=0.0,
+        n_prompts=len(PROMPTS),
+        max_new_tokens=16,
+        seed=0,
+        mode="target_only",
+        drafter="drafter",
+        adapter=None,
+        out=str(out),
+        threads=1,
+    )
+    return replace(cell, **changes)
+
+
+def test_records_and_meta(tmp_path: Path) -> None:
+    cell = make_cell(tmp_path / "cell")
+    summary = run_prompts(cell, PROMPTS, fake_stats)
+    records = read_records(tmp_path / "cell" / "records.jsonl")
+    assert [r["prompt_id"] for r in records] == [pid for pid, _ in PROMPTS]
+    assert records[0]["accept_lengths"] == fake_stats(PROMPTS[0][1])["accept_lengths"]
+    assert records[0]["method"] == "chain" and records[0]["budget"] == 4 and records[0]["temperature"] == 0.0
+    meta = json.loads((tmp_path / "cell" / "meta.json").read_text())
+    assert meta["cell"]["dataset"] == "mt_bench"
+    assert meta["summary"]["n_records"] == summary.n_records == len(PROMPTS)
+    assert set(meta["git"]) == {"sha", "dirty"}
+    assert meta["packages"]["torch"] is not None
+    assert meta["hardware"]["cores"] >= 1
+
+
+def test_resume_after_interrupt(tmp_path: Path) -> None:
+    cell = make_cell(tmp_path / "cell")
+    calls: list[list[int]] = []
+
+    def crash_after_two(ids: list[int]) -> dict[str, Any]:
+        if len(calls) == 2:
+            raise Interrupt
+        calls.append(ids)
+        return fake_stats(ids)
+
+    with pytest.raises(Interrupt):
+        run_prompts(cell, PROMPTS, crash_after_two)
+    assert not (tmp_path / "cell" / "meta.json").exists(), "an interrupted cell must not look finished"
+    assert len(read_records(tmp_path / "cell" / "records.jsonl")) == 2
+
+    rerun: list[list[int]] = []
+    summary = run_prompts(cell, PROMPTS, lambda ids: rerun.append(ids) or fake_stats(ids))
+    assert rerun == [ids for _, ids in PROMPTS[2:]], "finished prompts must be skipped"
+    assert summary.n_resumed == 2 and summary.n_records == len(PROMPTS)
+    ids = [r["prompt_id"] for r in read_records(tmp_path / "cell" / "records.jsonl")]
+    assert sorted(ids) == sorted(pid for pid, _ in PROMPTS)
+
+
+def test_torn_last_line_is_dropped(tmp_path: Path) -> None:
+    cell = make_cell(tmp_path / "cell")
+    run_prompts(cell, PROMPTS[:2], fake_stats)
+    path = tmp_path / "cell" / "records.jsonl"
+    path.write_text(path.read_text() + '{"prompt_id": "p2", "ta')  # killed in the middle of a write
+    rerun: list[list[int]] = []
+    run_prompts(cell, PROMPTS, lambda ids: rerun.append(ids) or fake_stats(ids))
+    assert rerun == [ids for _, ids in PROMPTS[2:]]
+    assert len(read_records(path)) == len(PROMPTS)
+
+
+def test_records_of_another_configuration_are_rerun(tmp_path: Path) -> None:
+    run_prompts(make_cell(tmp_path / "cell"), PROMPTS, fake_stats)
+    rerun: list[list[int]] = []
+    cell = make_cell(tmp_path / "cell", max_new_tokens=32)
+    run_prompts(cell, PROMPTS[:3], lambda ids: rerun.append(ids) or fake_stats(ids))
+    records = read_records(tmp_path / "cell" / "records.jsonl")
+    assert len(rerun) == 3 and len(records) == 3
+    assert {r["max_new_tokens"] for r in records} == {32}
+
+
+def test_corrupt_middle_line_is_an_error(tmp_path: Path) -> None:
+    path = tmp_path / "records.jsonl"
+    path.write_text('{"prompt_id": "p0"}\nnot json\n{"prompt_id": "p1"}\n')
+    with pytest.raises(ValueError, match="records.jsonl:2"):
+        read_records(path)
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["--method", "ar", "--budget", "4"], "use --budget 0"),
+        (["--method", "chain", "--budget", "0"], "needs a tree budget"),
+        (["--method", "chain", "--budget", "8"], "--drafter"),
+        (["--method", "weaver", "--budget", "8", "--drafter", "d"], "--adapter"),
+    ],
+    ids=["ar-budget", "chain-no-budget", "chain-no-drafter", "weaver-no-adapter"],
+)
+def test_bad_cells_are_refused(argv: list[str], message: str) -> None:
+    base = ["--model", "smollm2-135m", "--dataset", "mt_bench", "--temperature", "0", "--n-prompts", "2"]
+    with pytest.raises(ValueError, match=message):
+        parse_args([*base, "--max-new-tokens", "8", "--out", "x", *argv])
+
+
+def test_model_name_defaults_to_folder_name() -> None:
+    argv = ["--model", "results/cpu/models/smollm2-hybrid/", "--dataset", "mt_bench", "--method", "ar"]
+    cell = parse_args(
+        [*argv, "--budget", "0", "--temperature", "1", "--n-prompts", "1", "--max-new-tokens", "4"]
+        + [
+            "--out",
+            "x",
+        ]
+    )
+    assert cell.model_name == "smollm2-hybrid"

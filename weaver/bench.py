@@ -1,0 +1,317 @@
+"""One benchmark grid cell: (model, dataset, method, budget, temperature) -> records.jsonl + meta.json.
+
+`python -m weaver.bench --model M --dataset D --method X --budget B --temperature T --n-prompts N
+--max-new-tokens K --seed S [--drafter PATH] [--adapter PATH] --out DIR`
+
+Each finished prompt is appended to DIR/records.jsonl as one JSON line and fsync'ed (Spec-Bench style: per-step
+accept lengths and times), so an interrupted run resumes by skipping the prompt ids already there; a torn last line
+is dropped. DIR/meta.json is written last, atomically (temp file + fsync + rename), and is the cell's completion
+marker: Snakemake declares only meta.json as the output, so a partial records.jsonl is never taken as finished.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass
+from importlib import metadata
+from pathlib import Path
+from typing import Any
+
+from weaver.paths import temperature_label
+
+DRAFTER_METHODS = ("chain", "ddtree", "weaver", "weaver_chain")  # need a drafter checkpoint
+ADAPTER_METHODS = ("weaver", "weaver_chain")  # need a Weaver adapter checkpoint too
+PACKAGES = ("weaver-repro", "torch", "transformers", "numpy", "safetensors", "gguf", "triton", "snakemake")
+# Fields that must match for an existing record to count as done for this cell.
+CELL_KEYS = ("model", "dataset", "method", "budget", "temperature", "seed", "max_new_tokens", "mode")
+
+
+@dataclass(frozen=True)
+class CellConfig:
+    """The resolved configuration of one grid cell (stored in meta.json)."""
+
+    model: str  # registry name or local folder given to weaver.models.load_target
+    model_name: str  # the name used in paths, records and legends
+    dataset: str
+    method: str
+    budget: int
+    temperature: float
+    n_prompts: int
+    max_new_tokens: int
+    seed: int
+    mode: str  # sampling verifier for temperature > 0
+    drafter: str | None
+    adapter: str | None
+    out: str
+    threads: int | None
+
+    def key(self) -> dict[str, Any]:
+        """The fields every record of this cell carries and resume checks."""
+        fields = asdict(self)
+        fields["model"] = self.model_name
+        fields["temperature"] = float(self.temperature)
+        return {k: fields[k] for k in CELL_KEYS}
+
+
+@dataclass(frozen=True)
+class CellSummary:
+    """What a finished cell reports in meta.json."""
+
+    n_records: int
+    n_resumed: int  # records found from an earlier, interrupted run
+    new_tokens: int
+    steps: int
+    wall_s: float
+
+
+def check_cell(cell: CellConfig) -> None:
+    """Refuse an inconsistent cell with a message that names the fix."""
+    if cell.budget < 0:
+        raise ValueError(f"--budget must be >= 0, got {cell.budget}")
+    if cell.method == "ar" and cell.budget != 0:
+        raise ValueError(f"method 'ar' drafts nothing: use --budget 0, got {cell.budget}")
+    if cell.method != "ar" and cell.budget == 0:
+        raise ValueError(f"method {cell.method!r} needs a tree budget: give --budget > 0")
+    if cell.n_prompts < 1 or cell.max_new_tokens < 1:
+        raise ValueError("--n-prompts and --max-new-tokens must be >= 1")
+    if cell.method in DRAFTER_METHODS and not cell.drafter:
+        raise ValueError(f"method {cell.method!r} drafts with a drafter: give --drafter CHECKPOINT_DIR")
+    if cell.method in ADAPTER_METHODS and not cell.adapter:
+        raise ValueError(f"method {cell.method!r} uses the Weaver adapter: give --adapter CHECKPOINT")
+
+
+def read_records(path: Path) -> list[dict[str, Any]]:
+    """Records of an earlier run; a torn last line (killed mid-write) is dropped, any other bad line is an error."""
+    if not path.exists():
+        return []
+    lines = path.read_text().splitlines()
+    records = []
+    for i, line in enumerate(lines):
+        try:
+            records.append(json.loads(line))
+        except json.JSONDecodeError:
+            if i == len(lines) - 1:
+                break
+            raise ValueError(f"{path}:{i + 1} is not valid JSON; delete the file to rerun the cell") from None
+    return records
+
+
+def write_atomic(path: Path, text: str) -> None:
+    """Write `text` to `path` so that readers see the old file or the whole new one, never a part."""
+    tmp = path.with_name(f".{path.name}.tmp")
+    with open(tmp, "w") as f:
+        f.write(text)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+
+
+def append_record(path: Path, record: dict[str, Any]) -> None:
+    """Append one JSON line and fsync it, so a finished prompt survives a crash right after."""
+    with open(path, "a") as f:
+        f.write(json.dumps(record) + "\n")
+        f.flush()
+        os.fsync(f.fileno())
+
+
+def make_record(cell: CellConfig, prompt_id: str, stats: dict[str, Any]) -> dict[str, Any]:
+    """One JSONL record (DESIGN.md "Engine stats and result records") from GenerationStats.to_dict()."""
+    steps = stats["accept_lengths"]
+    return {
+        "prompt_id": prompt_id,
+        **cell.key(),
+        "prompt_tokens": stats["prompt_tokens"],
+        "new_tokens": stats["new_tokens"],
+        "steps": stats["steps"],
+        "tau": stats["tau"],
+        "accept_lengths": steps,
+        "tree_sizes": stats.get("tree_sizes", []),
+        "ttft_s": stats["ttft_s"],
+        "wall_s": stats["wall_s"],
+        "draft_s": stats["draft_s"],
+        "tree_s": stats["tree_s"],
+        "verify_s": stats["verify_s"],
+        "tokens_per_s": stats["tokens_per_s"],
+        "hit_eos": stats.get("hit_eos", False),
+    }
+
+
+def run_prompts(
+    cell: CellConfig,
+    prompts: Sequence[tuple[str, list[int]]],
+    run_one: Callable[[list[int]], dict[str, Any]],
+) -> CellSummary:
+    """Run `run_one` (prompt ids -> GenerationStats dict) on every prompt not yet in records.jsonl, then meta.json.
+
+    Earlier records that belong to another configuration or to prompts no longer asked for are dropped first, so
+    the finished file holds exactly this cell's prompts.
+    """
+    out = Path(cell.out)
+    out.mkdir(parents=True, exist_ok=True)
+    meta, records_path = out / "meta.json", out / "records.jsonl"
+    meta.unlink(missing_ok=True)  # from here on the cell is unfinished
+    wanted = {pid for pid, _ in prompts}
+    kept = [r for r in read_records(records_path) if r["prompt_id"] in wanted and _same_cell(r, cell)]
+    kept = list({r["prompt_id"]: r for r in kept}.values())
+    write_atomic(records_path, "".join(json.dumps(r) + "\n" for r in kept))
+    done = {r["prompt_id"] for r in kept}
+    records = list(kept)
+    for i, (prompt_id, ids) in enumerate(prompts):
+        if prompt_id in done:
+            continue
+        record = make_record(cell, prompt_id, run_one(ids))
+        append_record(records_path, record)
+        records.append(record)
+        print(
+            f"[{cell.method} b{cell.budget} t{temperature_label(cell.temperature)}] {cell.dataset} "
+            f"{i + 1}/{len(prompts)}: tau {record['tau']:.2f}, {record['tokens_per_s']:.1f} tok/s",
+            file=sys.stderr,
+            flush=True,
+        )
+    summary = CellSummary(
+        n_records=len(records),
+        n_resumed=len(kept),
+        new_tokens=sum(r["new_tokens"] for r in records),
+        steps=sum(r["steps"] for r in records),
+        wall_s=sum(r["wall_s"] for r in records),
+    )
+    meta_obj = {"cell": asdict(cell), "summary": asdict(summary), **environment()}
+    write_atomic(meta, json.dumps(meta_obj, indent=2) + "\n")
+    return summary
+
+
+def _same_cell(record: dict[str, Any], cell: CellConfig) -> bool:
+    return all(record.get(k) == v for k, v in cell.key().items())
+
+
+def environment() -> dict[str, Any]:
+    """Provenance for meta.json: git sha + dirty flag, package versions, hardware."""
+    return {"git": _git_state(), "packages": _package_versions(), "hardware": _hardware(), "created": time.time()}
+
+
+def _git_state() -> dict[str, Any]:
+    root = Path(__file__).resolve().parent.parent
+
+    def git(*args: str) -> str:
+        return subprocess.run(["git", *args], cwd=root, capture_output=True, text=True, check=True).stdout.strip()
+
+    try:
+        return {"sha": git("rev-parse", "HEAD"), "dirty": bool(git("status", "--porcelain", "--untracked-files=no"))}
+    except (OSError, subprocess.CalledProcessError):
+        return {"sha": None, "dirty": None}
+
+
+def _package_versions() -> dict[str, str | None]:
+    versions: dict[str, str | None] = {"python": platform.python_version()}
+    for name in PACKAGES:
+        try:
+            versions[name] = metadata.version(name)
+        except metadata.PackageNotFoundError:
+            versions[name] = None
+    return versions
+
+
+def _hardware() -> dict[str, Any]:
+    import torch
+
+    cpu = platform.processor() or None
+    cpuinfo = Path("/proc/cpuinfo")
+    if cpuinfo.exists():
+        names = [ln.split(":", 1)[1].strip() for ln in cpuinfo.read_text().splitlines() if ln.startswith("model name")]
+        cpu = names[0] if names else cpu
+    gpu = torch.cuda.get_device_name(0) if torch.cuda.is_available() else None
+    return {
+        "cpu": cpu,
+        "cores": os.cpu_count(),
+        "torch_threads": torch.get_num_threads(),
+        "gpu": gpu,
+        "machine": platform.machine(),
+        "host": platform.node(),
+    }
+
+
+def parse_args(argv: Sequence[str] | None = None) -> CellConfig:
+    p = argparse.ArgumentParser(prog="python -m weaver.bench", description=__doc__.splitlines()[0])
+    p.add_argument("--model", required=True, help="target: a registry name or a local Hugging Face folder")
+    p.add_argument("--model-name", default=None, help="name in records and paths (default: basename of --model)")
+    p.add_argument("--dataset", required=True, help="dataset registry name (weaver.data.DATASETS)")
+    p.add_argument("--method", required=True, help="ar or a tree source name (weaver.sources)")
+    p.add_argument("--budget", type=int, required=True, help="drafted tree nodes per step; 0 for ar")
+    p.add_argument("--temperature", type=float, required=True, help="sampling temperature; 0 = greedy")
+    p.add_argument("--n-prompts", type=int, required=True, help="prompts drawn from the dataset with --seed")
+    p.add_argument("--max-new-tokens", type=int, required=True, help="upper bound on generated tokens per prompt")
+    p.add_argument("--seed", type=int, default=0, help="seed of the prompt draw and of the sampling generator")
+    p.add_argument("--mode", default="target_only", choices=("target_only", "traversal"), help="verifier at T > 0")
+    p.add_argument("--drafter", default=None, help="drafter checkpoint folder (chain, ddtree, weaver, weaver_chain)")
+    p.add_argument("--adapter", default=None, help="Weaver adapter checkpoint file (weaver, weaver_chain)")
+    p.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's choice)")
+    p.add_argument("--out", required=True, help="cell folder: records.jsonl and meta.json are written there")
+    a = p.parse_args(argv)
+    cell = CellConfig(
+        model=a.model,
+        model_name=a.model_name or Path(a.model.rstrip("/")).name,
+        dataset=a.dataset,
+        method=a.method,
+        budget=a.budget,
+        temperature=a.temperature,
+        n_prompts=a.n_prompts,
+        max_new_tokens=a.max_new_tokens,
+        seed=a.seed,
+        mode=a.mode,
+        drafter=a.drafter,
+        adapter=a.adapter,
+        out=a.out,
+        threads=a.threads,
+    )
+    check_cell(cell)
+    return cell
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    cell = parse_args(argv)
+    import torch
+
+    from weaver.data import format_prompt, load_prompts
+    from weaver.generate import generate
+    from weaver.models import load_target
+    from weaver.sources import make_source
+    from weaver.verify import SamplingParams
+
+    if cell.threads:
+        torch.set_num_threads(cell.threads)
+    model, tokenizer = load_target(cell.model)
+    drawn = load_prompts(cell.dataset, n=cell.n_prompts, seed=cell.seed)  # the same draw for every method
+    prompts = [(p.prompt_id, format_prompt(tokenizer, p)) for p in drawn]
+    options = {k: v for k, v in (("drafter", cell.drafter), ("adapter", cell.adapter)) if v}
+    params = SamplingParams(temperature=cell.temperature)
+    eos = [tokenizer.eos_token_id] if tokenizer.eos_token_id is not None else []
+
+    def run_one(ids: list[int]) -> dict[str, Any]:
+        source = make_source(cell.method, model, **options)  # fresh per prompt: sources keep per-request state
+        result = generate(
+            model,
+            ids,
+            source=source,
+            budget=cell.budget,
+            max_new_tokens=cell.max_new_tokens,
+            params=params,
+            mode=cell.mode,
+            eos_ids=eos,
+            seed=cell.seed,
+        )
+        return result.stats.to_dict()
+
+    summary = run_prompts(cell, prompts, run_one)
+    print(f"{cell.out}: {summary.n_records} records ({summary.n_resumed} resumed)", file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
