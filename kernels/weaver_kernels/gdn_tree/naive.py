@@ -13,9 +13,9 @@ Every public function accepts an optional leading batch dim B on all tensors (pa
 
 from __future__ import annotations
 
-import functools
-
 import torch
+
+from weaver_kernels.batching import batched
 
 
 def _expand_heads(x: torch.Tensor, hv: int) -> torch.Tensor:
@@ -24,37 +24,6 @@ def _expand_heads(x: torch.Tensor, hv: int) -> torch.Tensor:
     if hv % h:
         raise ValueError(f"value heads ({hv}) must be a multiple of key heads ({h})")
     return x.repeat_interleave(hv // h, dim=-2)
-
-
-def _batched(*ranks: int):
-    """Let a single-sequence reference take an optional leading batch dim B.
-
-    `ranks` gives each positional argument's rank in the single-sequence form. The first argument decides: at its own
-    rank the call is one sequence, one rank above it is a batch of B. Then every tensor argument one rank above its
-    single-sequence rank is indexed by the batch item (q [B, N, H, K], parents [B, N], leaf [B]); every other argument
-    (parents [N] shared by the batch, weights, ints, keywords) is passed unchanged.
-    """
-
-    def decorate(fn):
-        @functools.wraps(fn)
-        def wrapper(*args, **kwargs):
-            if args[0].dim() == ranks[0]:
-                return fn(*args, **kwargs)
-
-            def item(b: int) -> list:
-                return [
-                    a[b] if isinstance(a, torch.Tensor) and i < len(ranks) and a.dim() == ranks[i] + 1 else a
-                    for i, a in enumerate(args)
-                ]
-
-            items = [fn(*item(b), **kwargs) for b in range(args[0].shape[0])]
-            if isinstance(items[0], tuple):
-                return tuple(torch.stack(x) for x in zip(*items, strict=True))
-            return torch.stack(items)
-
-        return wrapper
-
-    return decorate
 
 
 def ancestor_masks(parents: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -91,7 +60,7 @@ def path_to(parents: torch.Tensor, leaf: int) -> list[int]:
     return path[::-1]
 
 
-@_batched(3, 3, 3, 2, 2, 3)
+@batched(3, 3, 3, 2, 2, 3)
 def gdn_recurrent_ref(
     q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor, beta: torch.Tensor, initial_state: torch.Tensor
 ) -> tuple[torch.Tensor, torch.Tensor]:
@@ -137,7 +106,7 @@ def _tree_pseudo_values(k, v, g, beta, parents, initial_state):
     return U, G, ke, anc_self, acc
 
 
-@_batched(3, 3, 3, 2, 2, 1, 3)
+@batched(3, 3, 3, 2, 2, 1, 3)
 def gdn_tree_verify_ref(
     q: torch.Tensor,
     k: torch.Tensor,
@@ -164,7 +133,7 @@ def gdn_tree_verify_ref(
     return o.transpose(0, 1).to(v.dtype)
 
 
-@_batched(3, 3, 2, 2, 1, 3, 0)
+@batched(3, 3, 2, 2, 1, 3, 0)
 def gdn_tree_commit_ref(
     k: torch.Tensor,
     v: torch.Tensor,
@@ -185,7 +154,7 @@ def gdn_tree_commit_ref(
     return state
 
 
-@_batched(3, 3, 3, 2, 2, 1, 3)
+@batched(3, 3, 3, 2, 2, 1, 3)
 def gdn_tree_verify_per_branch_ref(
     q: torch.Tensor,
     k: torch.Tensor,
@@ -213,7 +182,7 @@ def gdn_tree_verify_per_branch_ref(
     return o.to(v.dtype), states.to(initial_state.dtype)
 
 
-@_batched(2, 2, 1, 1, 2)
+@batched(2, 2, 1, 1, 2)
 def gdn_tree_conv1d_ref(
     x: torch.Tensor,
     weight: torch.Tensor,
@@ -253,7 +222,7 @@ def gdn_tree_conv1d_ref(
     return y.to(x.dtype)
 
 
-@_batched(2, 1, 2, 0)
+@batched(2, 1, 2, 0)
 def gdn_tree_conv_commit_ref(
     x: torch.Tensor, parents: torch.Tensor, conv_state: torch.Tensor, leaf: int | torch.Tensor
 ) -> torch.Tensor:
