@@ -1,0 +1,235 @@
+"""Drafter training: anchors and packing, feature cache (atomic, resumable), losses, optimisation, CLI."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+from types import SimpleNamespace
+
+import pytest
+import torch
+from torch import nn
+from transformers import LlamaConfig, LlamaForCausalLM
+
+from weaver import train as train_cli
+from weaver.drafter import DrafterConfig
+from weaver.training.drafter import (
+    DrafterTrainConfig,
+    add_arguments,
+    block_loss,
+    init_drafter,
+    pack_blocks,
+    sample_anchors,
+    train_drafter,
+)
+from weaver.training.features import (
+    FeatureSpec,
+    FeatureStore,
+    TrainingSequence,
+    compute_features,
+    read_token_jsonl,
+)
+from weaver.training.losses import argmax_cross_entropy, position_decay, sparse_kl
+
+V, D_MODEL, N_LAYERS = 64, 32, 6
+
+
+class StandInTarget(nn.Module):
+    """A tiny Llama behind the target-model contract's training call (test-only stand-in)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        cfg = LlamaConfig(
+            vocab_size=V,
+            hidden_size=D_MODEL,
+            intermediate_size=64,
+            num_hidden_layers=N_LAYERS,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            max_position_embeddings=256,
+            initializer_range=0.3,
+        )
+        self.hf = LlamaForCausalLM(cfg).eval()
+        self.embed_tokens = self.hf.model.embed_tokens
+        self.lm_head = self.hf.lm_head
+        self.calls = 0
+
+    def forward(self, input_ids, cache=None, hidden_layers=()):
+        assert cache is None
+        self.calls += 1
+        out = self.hf(input_ids, output_hidden_states=True)
+        hidden = torch.stack([out.hidden_states[i + 1] for i in hidden_layers], dim=2) if hidden_layers else None
+        return SimpleNamespace(logits=out.logits, hidden=hidden)
+
+
+def drafter_config() -> DrafterConfig:
+    return DrafterConfig(
+        block_size=4,
+        target_layer_ids=(1, 3),
+        mask_token_id=V - 1,
+        num_target_layers=N_LAYERS,
+        hidden_size=D_MODEL,
+        num_layers=1,
+        num_heads=4,
+        num_kv_heads=2,
+        head_dim=8,
+        intermediate_size=64,
+        vocab_size=V,
+        rope_theta=10_000.0,
+    )
+
+
+def sequences(n: int, seed: int = 0) -> list[TrainingSequence]:
+    g = torch.Generator().manual_seed(seed)
+    out = []
+    for i in range(n):
+        length = 12 + 3 * (i % 4)
+        out.append(TrainingSequence(tuple(torch.randint(0, V - 1, (length,), generator=g).tolist()), prompt_len=4))
+    return out
+
+
+@pytest.fixture(scope="module")
+def target() -> StandInTarget:
+    return StandInTarget().requires_grad_(False)
+
+
+@pytest.fixture
+def store(tmp_path, target) -> FeatureStore:
+    spec = FeatureSpec("stand-in", drafter_config().hidden_layers, top_k=8, shard_size=3)
+    return compute_features(target, sequences(7), tmp_path / "features", spec, log=lambda _: None)
+
+
+# ---------------------------------------------------------------- anchors and block packing
+
+
+def test_anchors_stay_in_the_completion_and_leave_a_target():
+    g = torch.Generator().manual_seed(0)
+    for _ in range(20):
+        a = sample_anchors(prompt_len=5, seq_len=12, n=6, generator=g)
+        assert a.numel() == 6 and a.unique().numel() == 6 and torch.equal(a, a.sort().values)
+        assert a.min() >= 4 and a.max() <= 10
+    assert sample_anchors(prompt_len=11, seq_len=11, n=3, generator=g).numel() == 0
+
+
+def test_pack_blocks_masks_targets_and_validity():
+    cfg = drafter_config()
+    ids = torch.arange(10)
+    packed = pack_blocks(torch.tensor([2, 8]), 10, cfg, ids)
+    assert packed["block_ids"].tolist() == [2, V - 1, V - 1, V - 1, 8, V - 1, V - 1, V - 1]
+    assert packed["positions"].tolist() == [2, 3, 4, 5, 8, 9, 10, 11]
+    mask = packed["mask"]
+    assert mask[0, :10].tolist() == [True, True] + [False] * 8  # anchor 2 sees context positions 0, 1
+    assert mask[5, :10].sum() == 8 and mask[5, 10:].tolist() == [False] * 4 + [True] * 4
+    assert packed["targets"].tolist() == [[3, 4, 5], [9, 9, 9]]
+    assert packed["valid"].tolist() == [[True, True, True], [True, False, False]]
+
+
+# ---------------------------------------------------------------- losses
+
+
+def test_position_decay_and_losses():
+    w = position_decay(4, gamma=2.0)
+    torch.testing.assert_close(w, torch.exp(-torch.arange(4.0) / 2))
+    target_ids = torch.tensor([[3, 1]])
+    target_logprobs = torch.log(torch.tensor([[0.75, 0.25]]))
+    exact = torch.full((1, 6), -1e9)
+    exact[0, 3], exact[0, 1] = math.log(0.75), math.log(0.25)
+    assert sparse_kl(exact, target_ids, target_logprobs).item() == pytest.approx(0.0, abs=1e-5)
+    assert sparse_kl(torch.zeros(1, 6), target_ids, target_logprobs).item() > 0.1
+    assert argmax_cross_entropy(exact, target_ids).item() == pytest.approx(-math.log(0.75), abs=1e-5)
+
+
+# ---------------------------------------------------------------- feature cache
+
+
+def test_features_hold_target_hidden_and_top_logprobs(store, target):
+    assert len(store) == 7 and len(store.shards) == 3
+    ex = next(store.iterate())
+    ids = ex["ids"]
+    out = target(ids[None], hidden_layers=store.hidden_layers)
+    torch.testing.assert_close(ex["hidden"].float(), out.hidden[0], rtol=1e-2, atol=1e-2)
+    logprobs = torch.log_softmax(out.logits[0], dim=-1)
+    assert torch.equal(ex["top_ids"][:, 0].long(), logprobs.argmax(-1))
+    torch.testing.assert_close(ex["top_logprobs"], logprobs.gather(-1, ex["top_ids"].long()))
+
+
+def test_feature_cache_resumes_missing_shards_only(tmp_path, target):
+    spec = FeatureSpec("stand-in", drafter_config().hidden_layers, top_k=8, shard_size=3)
+    data = sequences(7)
+    compute_features(target, data, tmp_path / "f", spec, log=lambda _: None)
+    (tmp_path / "f" / "shard_00001.pt").unlink()
+    with pytest.raises(FileNotFoundError, match="incomplete"):
+        FeatureStore(tmp_path / "f")
+    before = target.calls
+    store = compute_features(target, data, tmp_path / "f", spec, log=lambda _: None)
+    assert target.calls - before == 3  # only the 3 sequences of the missing shard
+    assert [ex["ids"].tolist() for ex in store.iterate()] == [list(s.ids) for s in data]
+    assert not [p for p in (tmp_path / "f").iterdir() if p.name.startswith(".")]  # no temp files left
+    with pytest.raises(ValueError, match="another target"):
+        compute_features(target, sequences(7, seed=1), tmp_path / "f", spec)
+
+
+def test_read_token_jsonl(tmp_path):
+    path = tmp_path / "data.jsonl"
+    path.write_text(json.dumps({"ids": [1, 2, 3], "prompt_len": 1}) + "\n" + json.dumps([4, 5]) + "\n")
+    assert read_token_jsonl(path) == [TrainingSequence((1, 2, 3), 1), TrainingSequence((4, 5), 0)]
+    path.write_text('{"text": "hello"}\n')
+    with pytest.raises(ValueError, match="token ids"):
+        read_token_jsonl(path)
+
+
+# ---------------------------------------------------------------- optimisation
+
+
+def test_a_few_steps_reduce_the_loss_on_a_fixed_batch(store, target):
+    drafter = init_drafter(drafter_config(), seed=0)
+    ex = next(store.iterate())
+    anchors = torch.tensor([3, 5, 7, 9])
+    train = DrafterTrainConfig(gamma=4.0)
+    opt = torch.optim.AdamW(drafter.parameters(), lr=1e-2)
+    losses = []
+    for _ in range(30):
+        opt.zero_grad()
+        loss = block_loss(drafter, target.embed_tokens, target.lm_head, ex, anchors, train)
+        loss.backward()
+        opt.step()
+        losses.append(loss.item())
+    assert losses[-1] < 0.5 * losses[0]
+    assert all(p.grad is None for p in target.parameters())  # the target stays frozen
+
+
+def test_train_drafter_checkpoints_and_resumes(tmp_path, store, target):
+    train = DrafterTrainConfig(steps=4, save_every=2, seqs_per_step=2, anchors_per_seq=4, warmup_steps=1)
+    messages: list[str] = []
+    first = init_drafter(drafter_config(), seed=0)
+    stats = train_drafter(first, store, target.embed_tokens, target.lm_head, train, tmp_path, log=messages.append)
+    assert stats.steps == 4 and (tmp_path / "train_state.pt").exists()
+    longer = DrafterTrainConfig(steps=6, save_every=2, seqs_per_step=2, anchors_per_seq=4, warmup_steps=1)
+    resumed = init_drafter(drafter_config(), seed=1)
+    stats = train_drafter(resumed, store, target.embed_tokens, target.lm_head, longer, tmp_path, log=messages.append)
+    assert stats.steps == 2 and any("resumed" in m and "step 4" in m for m in messages)
+    assert torch.load(tmp_path / "train_state.pt", weights_only=False)["step"] == 6
+
+
+# ---------------------------------------------------------------- command line
+
+
+def test_every_drafter_flag_has_help():
+    parser = argparse.ArgumentParser()
+    add_arguments(parser)
+    for action in parser._actions:
+        assert action.help, f"flag {action.option_strings} has no help"
+
+
+def test_missing_trainer_module_fails_clearly():
+    with pytest.raises(SystemExit, match="weaver.training.no_such_trainer"):
+        train_cli.trainer_module("no_such_trainer")
+
+
+def test_cli_parses_the_drafter_subcommand():
+    args = train_cli.build_parser(["drafter", "--model", "m", "--out", "o"]).parse_args(
+        ["drafter", "--model", "m", "--out", "o", "--steps", "3"]
+    )
+    assert args.trainer == "drafter" and args.steps == 3 and args.data == "sharegpt"

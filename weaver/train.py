@@ -1,0 +1,53 @@
+"""Training entry point: `python -m weaver.train {drafter,adapter,hybrid} [flags]`.
+
+Each subcommand delegates to `weaver.training.<name>` (`add_arguments(parser)`, `main(args)`). Trainer modules are
+imported lazily, so one that is missing or broken fails only its own subcommand, with a message naming it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+from types import ModuleType
+
+TRAINERS = {
+    "drafter": "DFlash-style block drafter (METHOD.md section 2)",
+    "adapter": "Weaver adapter over the frozen drafter (METHOD.md section 3)",
+    "hybrid": "Gated DeltaNet hybrid target for the CPU default (METHOD.md section 7)",
+}
+
+
+def trainer_module(name: str) -> ModuleType:
+    """weaver.training.<name>, or a SystemExit that names the missing module."""
+    try:
+        return importlib.import_module(f"weaver.training.{name}")
+    except ModuleNotFoundError as err:
+        if err.name and err.name.startswith("weaver"):
+            raise SystemExit(
+                f"`python -m weaver.train {name}` needs module weaver.training.{name}, which is not available "
+                f"({err}); the other trainers still work"
+            ) from err
+        raise
+
+
+def build_parser(argv: list[str]) -> argparse.ArgumentParser:
+    """The parser; only the chosen subcommand's module is imported (the others appear in --help by name)."""
+    parser = argparse.ArgumentParser(prog="python -m weaver.train", description=__doc__.splitlines()[0])
+    sub = parser.add_subparsers(dest="trainer", required=True, metavar="{" + ",".join(TRAINERS) + "}")
+    chosen = next((a for a in argv if not a.startswith("-")), None)
+    for name, summary in TRAINERS.items():
+        sp = sub.add_parser(name, help=summary, description=summary)
+        if name == chosen:
+            trainer_module(name).add_arguments(sp)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> None:
+    argv = sys.argv[1:] if argv is None else argv
+    args = build_parser(argv).parse_args(argv)
+    trainer_module(args.trainer).main(args)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,180 @@
+"""Target features for drafter training, computed once and cached to disk (METHOD.md section 2).
+
+For each training sequence the target runs once (cache=None, full causal pass) and we keep what drafter training
+needs: the hidden states of the drafter's tap layers and the target's top-k next-token log-probs at every position
+(the loss's sparse target distribution; top-k ids are sorted, so ids[:, 0] is the argmax).
+
+Layout of a feature folder::
+
+    meta.json          FeatureSpec + data fingerprint + counts (written first; a mismatch on resume is an error)
+    shard_00000.pt     list of examples: {"ids" [T] int64, "hidden" [T, L, d], "top_ids" [T, k] int32,
+    shard_00001.pt      "top_logprobs" [T, k] float32, "prompt_len" int}
+    ...
+
+Shards land atomically (temp file + rename), so an interrupted run resumes at the first missing shard.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import random
+import tempfile
+from collections.abc import Iterator, Sequence
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+
+@dataclass(frozen=True)
+class TrainingSequence:
+    """Token ids of one training text; anchors only predict tokens at index >= prompt_len (the completion)."""
+
+    ids: tuple[int, ...]
+    prompt_len: int = 0
+
+
+@dataclass(frozen=True)
+class FeatureSpec:
+    """What a feature folder holds; any change needs a fresh folder."""
+
+    model: str
+    hidden_layers: tuple[int, ...]
+    top_k: int = 32
+    dtype: str = "float16"
+    shard_size: int = 64
+
+
+def read_token_jsonl(path: str | Path) -> list[TrainingSequence]:
+    """Sequences from a JSONL file: one `{"ids": [...], "prompt_len": k}` object (or a plain id list) per line."""
+    sequences = []
+    for n, line in enumerate(Path(path).read_text().splitlines(), start=1):
+        if not line.strip():
+            continue
+        row = json.loads(line)
+        ids, prompt_len = (row, 0) if isinstance(row, list) else (row.get("ids"), row.get("prompt_len", 0))
+        if not isinstance(ids, list) or not all(isinstance(t, int) for t in ids):
+            raise ValueError(f"{path}:{n}: expected a list of token ids or an object with 'ids'; got {line[:80]!r}")
+        sequences.append(TrainingSequence(tuple(ids), int(prompt_len)))
+    if not sequences:
+        raise ValueError(f"{path} holds no sequences")
+    return sequences
+
+
+def tokenize_conversations(tokenizer: Any, conversations: Sequence, max_len: int) -> list[TrainingSequence]:
+    """First exchange of each chat: prompt = chat template up to the first user turn, completion = the reply + EOS."""
+    from weaver.data import Prompt, format_prompt
+
+    sequences = []
+    for messages in conversations:
+        reply = next((i for i, m in enumerate(messages) if m["role"] == "assistant"), None)
+        if reply is None or not messages[reply]["content"].strip():
+            continue
+        prompt = format_prompt(tokenizer, Prompt("train", "train", tuple(messages[:reply])))
+        completion = tokenizer.encode(messages[reply]["content"], add_special_tokens=False)
+        ids = (prompt + completion + [tokenizer.eos_token_id])[:max_len]
+        if len(ids) > len(prompt) + 1:
+            sequences.append(TrainingSequence(tuple(ids), len(prompt)))
+    return sequences
+
+
+def fingerprint(sequences: Sequence[TrainingSequence]) -> str:
+    digest = hashlib.sha256()
+    for seq in sequences:
+        digest.update(json.dumps([seq.prompt_len, *seq.ids]).encode())
+    return digest.hexdigest()[:16]
+
+
+@torch.no_grad()
+def target_features(model: Any, seq: TrainingSequence, spec: FeatureSpec) -> dict[str, Any]:
+    """One example: the target's tap hidden states [T, L, d] and top-k log-probs [T, k] of sequence `seq`."""
+    ids = torch.tensor(seq.ids, dtype=torch.long)
+    out = model(ids[None], cache=None, hidden_layers=spec.hidden_layers)
+    logprobs = torch.log_softmax(out.logits[0].float(), dim=-1)
+    top_logprobs, top_ids = logprobs.topk(spec.top_k, dim=-1)
+    return {
+        "ids": ids,
+        "hidden": out.hidden[0].to(getattr(torch, spec.dtype)),
+        "top_ids": top_ids.to(torch.int32),
+        "top_logprobs": top_logprobs,
+        "prompt_len": seq.prompt_len,
+    }
+
+
+def compute_features(
+    model: Any, sequences: Sequence[TrainingSequence], out_dir: str | Path, spec: FeatureSpec, log=print
+) -> FeatureStore:
+    """Write (or resume writing) the feature folder for `sequences`; returns the finished store."""
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    n_shards = -(-len(sequences) // spec.shard_size)
+    meta = {
+        "spec": asdict(spec),
+        "fingerprint": fingerprint(sequences),
+        "sequences": len(sequences),
+        "shards": n_shards,
+    }
+    meta["spec"]["hidden_layers"] = list(spec.hidden_layers)
+    meta_path = out_dir / "meta.json"
+    if meta_path.exists() and json.loads(meta_path.read_text()) != meta:
+        raise ValueError(
+            f"{out_dir} holds features of another target, layer set or data ({meta_path}); "
+            "delete the folder or pass a different features directory"
+        )
+    _atomic(meta_path, lambda tmp: Path(tmp).write_text(json.dumps(meta, indent=2)))
+    for shard in range(n_shards):
+        path = out_dir / f"shard_{shard:05d}.pt"
+        if path.exists():
+            continue
+        chunk = sequences[shard * spec.shard_size : (shard + 1) * spec.shard_size]
+        examples = [target_features(model, seq, spec) for seq in chunk]
+        _atomic(path, lambda tmp, examples=examples: torch.save(examples, tmp))
+        log(f"features: shard {shard + 1}/{n_shards} written ({len(chunk)} sequences)")
+    return FeatureStore(out_dir)
+
+
+class FeatureStore:
+    """A finished feature folder; iterates examples shard by shard so only one shard is in memory."""
+
+    def __init__(self, path: str | Path) -> None:
+        self.path = Path(path)
+        meta_path = self.path / "meta.json"
+        if not meta_path.is_file():
+            raise FileNotFoundError(f"{self.path} is not a feature folder (no meta.json): run feature caching first")
+        self.meta = json.loads(meta_path.read_text())
+        self.shards = [self.path / f"shard_{i:05d}.pt" for i in range(self.meta["shards"])]
+        missing = [p.name for p in self.shards if not p.exists()]
+        if missing:
+            raise FileNotFoundError(f"{self.path} is incomplete (missing {missing[:3]}...): resume feature caching")
+
+    @property
+    def hidden_layers(self) -> tuple[int, ...]:
+        return tuple(self.meta["spec"]["hidden_layers"])
+
+    def __len__(self) -> int:
+        return self.meta["sequences"]
+
+    def iterate(self, rng: random.Random | None = None) -> Iterator[dict[str, Any]]:
+        """Examples in file order, or shuffled (shard order and order within each shard) with `rng`."""
+        order = list(range(len(self.shards)))
+        if rng is not None:
+            rng.shuffle(order)
+        for shard in order:
+            examples = torch.load(self.shards[shard], weights_only=True)
+            if rng is not None:
+                rng.shuffle(examples)
+            yield from examples
+
+
+def _atomic(target: Path, write) -> None:
+    fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.")
+    os.close(fd)
+    try:
+        write(tmp)
+        os.replace(tmp, target)
+    finally:
+        if os.path.exists(tmp):
+            os.remove(tmp)
