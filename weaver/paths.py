@@ -34,7 +34,7 @@ TIDY = RUN + "/tidy/{table}.csv"
 LOG = RUN + "/logs/{rule}/{job}.log"
 FIGURE_DIR = FIGURES + "/{run}"
 
-TIDY_TABLES = ("requests", "cells", "per_dataset", "macro", "depth_acceptance", "kernels")
+TIDY_TABLES = ("requests", "cells", "macro", "depth_acceptance", "kernels")
 
 
 def temperature_label(temperature: float) -> str:

@@ -1,0 +1,145 @@
+"""Raw benchmark logs -> tidy CSV tables (METHOD.md section 8).
+
+`python -m weaver.analyze --meta CELL/meta.json ... [--kernels gdn_tree.csv] --out DIR` writes
+  requests.csv          one row per prompt (tau = new_tokens / steps, step times summed)
+  cells.csv             one row per (model, dataset, method, budget, temperature): tau = mean over requests,
+                        throughput = sum new_tokens / sum wall time (prefill included), speedup over the AR cell
+  macro.csv             cells averaged over datasets (macro), the paper's headline numbers
+  depth_acceptance.csv  per draft depth d: steps that reached d and steps that accepted the draft at d
+  kernels.csv           GDN kernel bench, long format (n, impl, time_us, speedup over per_branch)
+Speedups are always computed from the AR run on the same host in the same logs, never from copied numbers.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from collections.abc import Sequence
+from pathlib import Path
+
+import pandas as pd
+
+CELL = ["model", "dataset", "method", "budget", "temperature"]
+BASELINE = ["host", "model", "dataset", "temperature"]  # what an AR baseline must share with a method cell
+KERNEL_COLUMNS = ("n", "impl", "time_us")
+
+
+def load_requests(meta_paths: Sequence[Path]) -> pd.DataFrame:
+    """One row per prompt from each finished cell (meta.json + the records.jsonl beside it)."""
+    rows = []
+    for meta_path in meta_paths:
+        meta = json.loads(Path(meta_path).read_text())
+        records_path = Path(meta_path).with_name("records.jsonl")
+        for line in records_path.read_text().splitlines():
+            r = json.loads(line)
+            rows.append(
+                {
+                    **{k: r[k] for k in CELL},
+                    "host": meta["hardware"]["host"],
+                    "prompt_id": str(r["prompt_id"]),
+                    "prompt_tokens": r["prompt_tokens"],
+                    "new_tokens": r["new_tokens"],
+                    "steps": r["steps"],
+                    "tau": r["new_tokens"] / r["steps"],
+                    "wall_s": r["wall_s"],
+                    "ttft_s": r["ttft_s"],
+                    "draft_s": sum(r["draft_s"]),
+                    "tree_s": sum(r["tree_s"]),
+                    "verify_s": sum(r["verify_s"]),
+                    "accept_lengths": " ".join(map(str, r["accept_lengths"])),
+                }
+            )
+    if not rows:
+        raise ValueError("no benchmark records found: give --meta paths of finished cells (meta.json)")
+    return pd.DataFrame(rows)
+
+
+def cell_table(requests: pd.DataFrame) -> pd.DataFrame:
+    """Per cell: tau (mean over requests), throughput and the speedup over AR on the same host."""
+    grouped = requests.groupby(["host", *CELL], as_index=False)
+    cells = grouped.agg(
+        n_requests=("prompt_id", "count"),
+        tau=("tau", "mean"),
+        new_tokens=("new_tokens", "sum"),
+        wall_s=("wall_s", "sum"),
+        draft_s=("draft_s", "sum"),
+        tree_s=("tree_s", "sum"),
+        verify_s=("verify_s", "sum"),
+    )
+    cells["throughput"] = cells["new_tokens"] / cells["wall_s"]
+    ar = cells[cells["method"] == "ar"][[*BASELINE, "throughput"]].rename(columns={"throughput": "ar_throughput"})
+    cells = cells.merge(ar, on=BASELINE, how="left")
+    cells["speedup"] = cells["throughput"] / cells["ar_throughput"]  # NaN where the grid has no AR cell
+    return cells.sort_values(CELL).reset_index(drop=True)
+
+
+def macro_table(cells: pd.DataFrame) -> pd.DataFrame:
+    """Cells averaged over datasets (macro, METHOD.md section 8); n_datasets says how many went in."""
+    keys = ["host", "model", "method", "budget", "temperature"]
+    macro = cells.groupby(keys, as_index=False).agg(
+        n_datasets=("dataset", "nunique"),
+        tau=("tau", "mean"),
+        throughput=("throughput", "mean"),
+        speedup=("speedup", "mean"),
+    )
+    return macro.sort_values(keys).reset_index(drop=True)
+
+
+def depth_acceptance(requests: pd.DataFrame) -> pd.DataFrame:
+    """Per draft depth d >= 1: steps whose accepted path reached depth d - 1, and those that accepted depth d.
+
+    A step with accept length L (accepted drafts + 1 bonus) accepted the drafts at depths 1..L-1. For a chain
+    this is the per-depth acceptance of the drafted token; for a tree, of the best branch the verifier walked.
+    """
+    rows = []
+    for keys, group in requests[requests["method"] != "ar"].groupby(["model", "method", "budget", "temperature"]):
+        lengths = [int(x) for s in group["accept_lengths"] for x in s.split()]
+        if not lengths:
+            continue
+        for depth in range(1, max(lengths) + 1):
+            reached = sum(1 for length in lengths if length >= depth)
+            accepted = sum(1 for length in lengths if length > depth)
+            rows.append((*keys, depth, reached, accepted, accepted / reached))
+    return pd.DataFrame(rows, columns=["model", "method", "budget", "temperature", "depth", "reached", "accepted", "rate"])
+
+
+def kernel_table(path: Path) -> pd.DataFrame:
+    """The GDN kernel bench in long form, with each implementation's speedup over per_branch at the same size."""
+    table = pd.read_csv(path)
+    missing = [c for c in KERNEL_COLUMNS if c not in table.columns]
+    if missing:
+        raise ValueError(f"{path} lacks columns {missing}: the kernel bench CSV needs {list(KERNEL_COLUMNS)}")
+    keys = [c for c in table.columns if c not in ("impl", "time_us")]
+    base = table[table["impl"] == "per_branch"][[*keys, "time_us"]].rename(columns={"time_us": "per_branch_us"})
+    table = table.merge(base, on=keys, how="left")
+    table["speedup"] = table["per_branch_us"] / table["time_us"]
+    return table.drop(columns="per_branch_us")
+
+
+def write_csv(table: pd.DataFrame, path: Path) -> None:
+    """Atomic CSV write: a reader never sees half a table."""
+    tmp = path.with_name(f".{path.name}.tmp")
+    table.to_csv(tmp, index=False, float_format="%.6g")
+    tmp.replace(path)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m weaver.analyze", description=__doc__.splitlines()[0])
+    p.add_argument("--meta", nargs="+", type=Path, required=True, help="meta.json of every finished bench cell")
+    p.add_argument("--kernels", type=Path, default=None, help="GDN kernel bench CSV (columns n, impl, time_us, ...)")
+    p.add_argument("--out", type=Path, required=True, help="folder for the tidy CSV tables")
+    args = p.parse_args(argv)
+    args.out.mkdir(parents=True, exist_ok=True)
+    requests = load_requests(args.meta)
+    cells = cell_table(requests)
+    write_csv(requests, args.out / "requests.csv")
+    write_csv(cells, args.out / "cells.csv")
+    write_csv(macro_table(cells), args.out / "macro.csv")
+    write_csv(depth_acceptance(requests), args.out / "depth_acceptance.csv")
+    kernels = kernel_table(args.kernels) if args.kernels else pd.DataFrame(columns=[*KERNEL_COLUMNS, "speedup"])
+    write_csv(kernels, args.out / "kernels.csv")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

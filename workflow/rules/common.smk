@@ -1,0 +1,102 @@
+# Config validation, wildcard constraints, and the lists of cells and artifacts the other rule files use.
+import itertools
+import re
+import shlex
+import sys
+
+import jsonschema
+import yaml
+
+sys.path.insert(0, workflow.basedir)  # weaver.paths of this checkout, even without `pip install -e .`
+
+from weaver import paths
+
+
+def fill_defaults(instance, schema):
+    """Fill schema defaults into the config in place (objects only; the schema gives every default)."""
+    for key, sub in schema.get("properties", {}).items():
+        if key not in instance and "default" in sub:
+            instance[key] = sub["default"]
+        if isinstance(instance.get(key), dict):
+            fill_defaults(instance[key], sub)
+
+
+def validate_config(config, schema_path):
+    """Refuse a bad config at once, naming every bad key and what it allows."""
+    schema = yaml.safe_load(open(schema_path))
+    problems = []
+    for error in jsonschema.Draft202012Validator(schema).iter_errors(config):
+        key = ".".join(str(p) for p in error.absolute_path) or "(top level)"
+        message = error.message
+        if error.validator == "additionalProperties":
+            message += f"; allowed keys: {sorted(error.schema.get('properties', {}))}"
+        problems.append(f"config key {key}: {message}")
+    if problems:
+        raise ValueError("invalid config:\n  " + "\n  ".join(sorted(problems)))
+    fill_defaults(config, schema)
+    for grid in config["grids"]:
+        for model in grid["models"]:
+            if model not in config["models"]:
+                raise ValueError(f"config key grids.models: {model!r} is not one of the models {list(config['models'])}")
+        for dataset in grid["datasets"]:
+            if dataset not in config["datasets"]:
+                raise ValueError(f"config key grids.datasets: {dataset!r} has no prompt count under `datasets:`")
+
+
+validate_config(config, workflow.source_path("../schemas/config.schema.yaml"))
+
+RUN = config["run"]
+THREADS = config["threads"]
+GPUS = config["gpus_per_job"]
+
+
+def args(items):
+    """Shell-quoted pass-through arguments from the config."""
+    return " ".join(shlex.quote(str(a)) for a in items)
+
+
+def cells():
+    """Every benchmark cell of every grid as (model, dataset, method, budget, temperature); ar has budget 0."""
+    seen = {}
+    for grid in config["grids"]:
+        for model, dataset, method, temperature in itertools.product(
+            grid["models"], grid["datasets"], grid["methods"], grid["temperatures"]
+        ):
+            for budget in [0] if method == "ar" else grid["budgets"]:
+                seen[(model, dataset, method, budget, paths.temperature_label(temperature))] = None
+    return list(seen)
+
+
+CELLS = cells()
+META = [paths.META.format(run=RUN, model=m, dataset=d, method=x, budget=b, temperature=t) for m, d, x, b, t in CELLS]
+KERNEL_BENCH = paths.KERNEL_BENCH.format(run=RUN) if "kernel_bench" in config else None
+TIDY = {table: str(paths.tidy_path(RUN, table)) for table in paths.TIDY_TABLES}
+FIGURE_DIR = paths.FIGURE_DIR.format(run=RUN)
+ARTIFACT_EXTS = {
+    "table1": ["md", "tex"],
+    "per_dataset": ["md", "tex"],
+    "tau_vs_budget": ["png", "pdf"],
+    "depth_acceptance": ["png", "pdf"],
+    "speedup_vs_budget": ["png", "pdf"],
+}
+if KERNEL_BENCH:
+    ARTIFACT_EXTS["gdn_kernel_time"] = ["png", "pdf", "md", "tex"]
+ARTIFACTS = [str(paths.figure_path(RUN, name, ext)) for name, exts in ARTIFACT_EXTS.items() for ext in exts]
+
+
+def artifact(name):
+    """The outputs of one figure or table script."""
+    return [str(paths.figure_path(RUN, name, ext)) for ext in ARTIFACT_EXTS[name]]
+
+
+wildcard_constraints:
+    run=re.escape(RUN),
+    model="|".join(map(re.escape, config["models"])),
+    dataset="|".join(config["datasets"]),
+    method="[a-z_]+",
+    budget=r"\d+",
+    temperature=r"[0-9.]+",
+
+
+def log(rule, job="{model}"):
+    return paths.LOG.format(run="{run}", rule=rule, job=job)
