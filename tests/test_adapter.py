@@ -1,11 +1,28 @@
-"""The Weaver adapter: checkpoint format, norms, table path == module path, tree steps == teacher-forced chain."""
+"""The Weaver adapter: checkpoint format, norms, table path == module path, tree steps == teacher-forced chain;
+its training: LK loss, anchored drafting == Drafter.draft, loss decreases on a fixed batch, checkpoint and resume."""
 
 from __future__ import annotations
+
+import random
 
 import pytest
 import torch
 
 from weaver.adapter import BiasRMSNorm, CandidatePools, Weaver, WeaverConfig, candidate_pools
+from weaver.drafter import Drafter, DrafterConfig
+from weaver.training.adapter import (
+    AdapterBatch,
+    TrainConfig,
+    adapter_loss,
+    draft_at_anchors,
+    lk_loss,
+    make_batch,
+    new_adapter,
+    sample_anchors,
+    target_pool_probs,
+    train,
+    wsd_lr,
+)
 
 V, D_MODEL, D_RANK, HEADS, MLP, LAYERS, DEPTH = 53, 24, 32, 4, 40, 2, 5
 
@@ -162,3 +179,154 @@ def test_node_steps_equal_teacher_forced_chain(weaver: Weaver) -> None:
 class _Block:
     def __init__(self, logits: torch.Tensor, hidden: torch.Tensor, target_hidden: torch.Tensor) -> None:
         self.logits, self.hidden, self.target_hidden = logits, hidden, target_hidden
+
+
+# ---------------------------------------------------------------------------------------------- training
+TRAIN_V, TRAIN_D = 41, 16  # training tests: vocabulary and target width
+
+
+def tiny_drafter() -> Drafter:
+    torch.manual_seed(0)
+    cfg = DrafterConfig(
+        block_size=5,
+        target_layer_ids=(1,),
+        mask_token_id=0,
+        num_target_layers=4,
+        hidden_size=TRAIN_D,
+        num_layers=1,
+        num_heads=2,
+        num_kv_heads=1,
+        head_dim=8,
+        intermediate_size=32,
+        vocab_size=TRAIN_V,
+    )
+    return Drafter(cfg).eval()
+
+
+def fake_example(length: int, seed: int, top_k: int = 6) -> dict:
+    g = torch.Generator().manual_seed(seed)
+    logprobs = torch.log_softmax(2 * torch.randn(length, TRAIN_V, generator=g), -1)
+    top_logprobs, top_ids = logprobs.topk(top_k, -1)
+    return {
+        "ids": torch.randint(1, TRAIN_V, (length,), generator=g),
+        "hidden": torch.randn(length, 2, TRAIN_D, generator=g),
+        "top_ids": top_ids.to(torch.int32),
+        "top_logprobs": top_logprobs,
+        "prompt_len": 3,
+    }
+
+
+class FakeStore:
+    def __init__(self, examples: list[dict]) -> None:
+        self.examples = examples
+
+    def iterate(self, rng: random.Random):
+        yield from self.examples
+
+
+def test_target_pool_probs_matches_dense_reference() -> None:
+    probs = torch.softmax(torch.randn(3, TRAIN_V), -1)
+    top_p, top_ids = probs.topk(5, -1)
+    pool_ids = torch.stack([torch.randperm(TRAIN_V)[:8] for _ in range(3)])
+    pool_ids[0, -1] = -1
+    dense = torch.zeros(3, TRAIN_V).scatter(1, top_ids, top_p)
+    expected = torch.where(pool_ids >= 0, dense.gather(1, pool_ids.clamp(min=0)), 0.0)
+    torch.testing.assert_close(target_pool_probs(pool_ids, top_ids, top_p.log()), expected)
+
+
+def test_lk_loss_zero_at_target_and_outside_mass_is_rejection() -> None:
+    pool_ids = torch.tensor([[3, 7, 9, -1]])
+    target_ids, target_lp = torch.tensor([[3, 7, 9]]), torch.tensor([[0.5, 0.3, 0.2]]).log()
+    logits = torch.tensor([[0.5, 0.3, 0.2, 0.0]]).log()
+    logits[0, -1] = float("-inf")
+    loss, parts = lk_loss(logits, pool_ids, target_ids, target_lp, kl_weight=0.5)
+    assert loss.item() == pytest.approx(0.0, abs=1e-6)
+    # half of the target's mass leaves the pool: at best half is accepted, and the KL sees the in-pool part only
+    _, parts = lk_loss(
+        logits, pool_ids, torch.tensor([[3, 7, 9, 20]]), torch.tensor([[0.25, 0.15, 0.1, 0.5]]).log(), 0.5
+    )
+    assert parts["acceptance"].item() == pytest.approx(0.5, abs=1e-6)
+    assert parts["kl"].item() == pytest.approx(0.0, abs=1e-6)
+    assert parts["pool_mass"].item() == pytest.approx(0.5, abs=1e-6)
+
+
+def test_draft_at_anchors_equals_drafter_draft() -> None:
+    drafter = tiny_drafter()
+    embed, lm_head = torch.randn(TRAIN_V, TRAIN_D), torch.randn(TRAIN_V, TRAIN_D)
+    example = fake_example(12, seed=1)
+    anchors = [3, 7]
+    logits, hidden, target_hidden = draft_at_anchors(drafter, example, anchors, embed, lm_head)
+    for row, anchor in enumerate(anchors):
+        cache = drafter.new_cache()
+        drafter.extend(cache, example["hidden"][:anchor])
+        block = drafter.draft(
+            cache, int(example["ids"][anchor]), torch.nn.Embedding.from_pretrained(embed), _Linear(lm_head)
+        )
+        torch.testing.assert_close(logits[row], block.logits, rtol=1e-4, atol=1e-4)
+        torch.testing.assert_close(hidden[row], block.hidden, rtol=1e-4, atol=1e-4)
+        torch.testing.assert_close(target_hidden[row], block.target_hidden)
+
+
+def _Linear(weight: torch.Tensor) -> torch.nn.Linear:
+    layer = torch.nn.Linear(weight.shape[1], weight.shape[0], bias=False)
+    layer.weight.data.copy_(weight)
+    return layer
+
+
+def test_sample_anchors_stay_in_the_completion() -> None:
+    anchors = sample_anchors(20, prompt_len=6, count=50, rng=random.Random(0))
+    assert anchors == list(range(5, 19))
+    assert sample_anchors(3, prompt_len=3, count=2, rng=random.Random(0)) == []
+
+
+def test_few_steps_reduce_the_loss_on_a_fixed_batch() -> None:
+    drafter = tiny_drafter()
+    embed, lm_head = torch.randn(TRAIN_V, TRAIN_D), torch.randn(TRAIN_V, TRAIN_D)
+    batch = make_batch(drafter, fake_example(16, seed=2), [3, 6, 9, 12], embed, lm_head, pool_size=12)
+    assert isinstance(batch, AdapterBatch) and batch.valid.sum() > 8
+    torch.manual_seed(0)
+    weaver = new_adapter(TRAIN_D, TRAIN_D, d_rank=32, num_layers=1, num_heads=4, mlp_dim=48, pool_size=12)
+    optimizer = torch.optim.AdamW(weaver.parameters(), lr=3e-3)
+    losses = []
+    for _ in range(40):
+        loss, stats = adapter_loss(weaver, batch, embed, lm_head, kl_weight=0.5)
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+        losses.append(stats.loss)
+    assert losses[-1] < 0.7 * losses[0]
+
+
+def test_zero_init_adapter_is_the_drafter_prior() -> None:
+    drafter = tiny_drafter()
+    embed, lm_head = torch.randn(TRAIN_V, TRAIN_D), torch.randn(TRAIN_V, TRAIN_D)
+    batch = make_batch(drafter, fake_example(16, seed=3), [4, 8], embed, lm_head, pool_size=12)
+    weaver = new_adapter(TRAIN_D, TRAIN_D, d_rank=32, num_layers=1, num_heads=4, mlp_dim=48, pool_size=12)
+    context = weaver.encode_context(batch.target_hidden, batch.proposal_hidden)
+    h, _, _ = weaver.forward_tokens(weaver.token_in(weaver.embed_norm(embed[batch.chain])), torch.ones(2, 4), context)
+    logits = weaver.pool_logits(h, CandidatePools(batch.pool_ids, batch.pool_scores), lm_head)
+    torch.testing.assert_close(logits, batch.pool_scores)
+
+
+def test_wsd_schedule() -> None:
+    lrs = [wsd_lr(s, 100, 1.0, 10, 0.2) for s in range(100)]
+    assert lrs[0] == pytest.approx(0.1) and lrs[9] == pytest.approx(1.0) and lrs[50] == 1.0
+    assert lrs[85] == pytest.approx(0.75) and lrs[99] == pytest.approx(0.05)
+
+
+def test_train_writes_a_strict_checkpoint_and_resumes(tmp_path) -> None:
+    drafter = tiny_drafter()
+    embed, lm_head = torch.randn(TRAIN_V, TRAIN_D), torch.randn(TRAIN_V, TRAIN_D)
+    store = FakeStore([fake_example(14, seed=s) for s in range(3)])
+    cfg = TrainConfig(steps=3, seqs_per_step=2, anchors_per_seq=2, warmup=1, pool_size=10, save_every=2)
+    weaver = new_adapter(TRAIN_D, TRAIN_D, d_rank=16, num_layers=1, num_heads=2, mlp_dim=24, pool_size=10)
+    history = train(weaver, drafter, store, embed, lm_head, cfg, tmp_path, log=lambda _: None)
+    assert len(history) == 3
+    loaded = Weaver.load(tmp_path / "adapter.pt")
+    for name, tensor in weaver.state_dict().items():
+        torch.testing.assert_close(loaded.state_dict()[name], tensor)
+    more = TrainConfig(**{**cfg.__dict__, "steps": 5})
+    messages = []
+    history = train(loaded, drafter, store, embed, lm_head, more, tmp_path, log=messages.append)
+    assert len(history) == 2 and "resuming at step 3" in messages[0]
+    assert torch.load(tmp_path / "train_state.pt", weights_only=True)["step"] == 5
