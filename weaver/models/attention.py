@@ -1,0 +1,78 @@
+"""Full attention with explicit positions, an explicit mask and a static K/V cache (METHOD.md section 6).
+
+Llama: plain GQA. Qwen3: + RMSNorm of q and k per head. Qwen3-Next / Qwen3.5: q_proj also emits a per-head output
+gate (out * sigmoid(gate)), norms are zero-centred and RoPE is partial.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from weaver.models.cache import KVCache, Pass
+from weaver.models.config import ModelConfig
+from weaver.models.layers import RMSNorm, apply_rotary
+
+
+class Attention(nn.Module):
+    def __init__(self, config: ModelConfig) -> None:
+        super().__init__()
+        self.n_heads = config.num_attention_heads
+        self.n_kv_heads = config.num_key_value_heads
+        self.head_dim = config.head_dim
+        self.gated = config.hybrid
+        dim, bias = config.hidden_size, config.attention_bias
+        self.q_proj = nn.Linear(dim, self.n_heads * self.head_dim * (2 if self.gated else 1), bias=bias)
+        self.k_proj = nn.Linear(dim, self.n_kv_heads * self.head_dim, bias=bias)
+        self.v_proj = nn.Linear(dim, self.n_kv_heads * self.head_dim, bias=bias)
+        self.o_proj = nn.Linear(self.n_heads * self.head_dim, dim, bias=bias)
+        if config.qk_norm:
+            self.q_norm = RMSNorm(self.head_dim, config.rms_norm_eps, zero_centred=config.hybrid)
+            self.k_norm = RMSNorm(self.head_dim, config.rms_norm_eps, zero_centred=config.hybrid)
+        else:
+            self.q_norm = self.k_norm = None
+
+    def new_cache(self, batch_size: int, slots: int, dtype: torch.dtype, device: torch.device) -> KVCache:
+        shape = (batch_size, self.n_kv_heads, slots, self.head_dim)
+        return KVCache(torch.zeros(shape, dtype=dtype, device=device), torch.zeros(shape, dtype=dtype, device=device))
+
+    def forward(
+        self, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor], cache: KVCache | None, p: Pass
+    ) -> torch.Tensor:
+        """x [B, T, d], rope (cos, sin) [T, rotary_dim] -> [B, T, d].
+
+        With a cache, the T new K/V go to slots [p.start, p.start + T) and queries see slots [0, p.start + T) under
+        p.mask; without one, plain causal attention over the T tokens.
+        """
+        b, t, _ = x.shape
+        q = self.q_proj(x).view(b, t, self.n_heads, -1)
+        if self.gated:
+            q, gate = q.chunk(2, dim=-1)
+        k = self.k_proj(x).view(b, t, self.n_kv_heads, self.head_dim)
+        v = self.v_proj(x).view(b, t, self.n_kv_heads, self.head_dim).transpose(1, 2)
+        if self.q_norm is not None:
+            q, k = self.q_norm(q), self.k_norm(k)
+        q = apply_rotary(q.transpose(1, 2), *rope)
+        k = apply_rotary(k.transpose(1, 2), *rope)
+        gqa = self.n_heads != self.n_kv_heads
+        if cache is None:
+            out = F.scaled_dot_product_attention(q, k, v, is_causal=t > 1, enable_gqa=gqa)
+        else:
+            end = p.start + t
+            cache.k[:, :, p.start : end] = k
+            cache.v[:, :, p.start : end] = v
+            out = F.scaled_dot_product_attention(
+                q, cache.k[:, :, :end], cache.v[:, :, :end], attn_mask=p.mask, enable_gqa=gqa
+            )
+        out = out.transpose(1, 2).reshape(b, t, -1)
+        if self.gated:
+            out = out * torch.sigmoid(gate.reshape(b, t, -1))
+        return self.o_proj(out)
+
+    def commit(self, cache: KVCache, start: int, path: torch.Tensor) -> None:
+        """Compact the accepted nodes' K/V (scratch slots start + path) into slots [start, start + len(path))."""
+        src = start + path
+        end = start + path.numel()
+        cache.k[:, :, start:end] = cache.k.index_select(2, src)
+        cache.v[:, :, start:end] = cache.v.index_select(2, src)

@@ -1,0 +1,159 @@
+"""Gated DeltaNet token mixer (Qwen3-Next / Qwen3.5 linear-attention layers), chain and tree forms (METHOD.md 7).
+
+Per token: a causal depthwise conv (width W = 4) + SiLU over concat(q, k, v); q, k L2-normalised, q scaled by K^-1/2;
+g = -exp(A_log) * softplus(a + dt_bias), beta = sigmoid(b); the delta rule
+    S <- e^g S;  u = beta (v - S^T k);  S <- S + k u^T;  o = S^T q
+with HV value heads sharing H key heads (GQA); output out_proj(RMSNorm(o) * silu(z)).
+
+A chain of T > 1 new tokens is a tree that is a chain: its outputs come from the tree solve and its state from the
+commit along the whole chain, in chunks. One new token takes the recurrent step in place on the cached state. A
+verify writes no recurrent state: it stashes (k, v, g, beta) and the conv inputs of its nodes for commit.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+import weaver_kernels
+from torch import nn
+
+from weaver.models.cache import GDNCache, Pass
+from weaver.models.config import ModelConfig
+from weaver.models.layers import GatedRMSNorm
+
+# weaver_kernels exports dispatchers (fast kernel or reference) under the plain names once they exist for an op;
+# the references have the same signatures.
+_tree_verify = getattr(weaver_kernels, "gdn_tree_verify", weaver_kernels.gdn_tree_verify_ref)
+_tree_commit = getattr(weaver_kernels, "gdn_tree_commit", weaver_kernels.gdn_tree_commit_ref)
+_tree_conv = getattr(weaver_kernels, "gdn_tree_conv1d", weaver_kernels.gdn_tree_conv1d_ref)
+_tree_conv_commit = getattr(weaver_kernels, "gdn_tree_conv_commit", weaver_kernels.gdn_tree_conv_commit_ref)
+
+CHAIN_CHUNK = 64  # tokens per tree solve when a long chain (prefill) is run as chain-shaped trees
+
+
+def _l2norm(x: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
+    """x / sqrt(|x|^2 + eps) over the last dim, in fp32 (the convention of the Qwen3-Next reference)."""
+    x = x.float()
+    return x * torch.rsqrt(x.pow(2).sum(-1, keepdim=True) + eps)
+
+
+class GatedDeltaNet(nn.Module):
+    def __init__(self, config: ModelConfig) -> None:
+        super().__init__()
+        self.n_k = config.linear_num_key_heads
+        self.n_v = config.linear_num_value_heads
+        self.dk = config.linear_key_head_dim
+        self.dv = config.linear_value_head_dim
+        if self.n_k <= 0 or self.n_v % self.n_k:
+            raise ValueError(
+                f"linear_num_value_heads ({self.n_v}) must be a multiple of linear_num_key_heads ({self.n_k})"
+            )
+        self.width = config.linear_conv_kernel_dim
+        dim = config.hidden_size
+        self.conv_dim = 2 * self.n_k * self.dk + self.n_v * self.dv
+        self.in_proj_qkv = nn.Linear(dim, self.conv_dim, bias=False)
+        self.in_proj_z = nn.Linear(dim, self.n_v * self.dv, bias=False)
+        self.in_proj_b = nn.Linear(dim, self.n_v, bias=False)
+        self.in_proj_a = nn.Linear(dim, self.n_v, bias=False)
+        self.conv1d = nn.Conv1d(self.conv_dim, self.conv_dim, self.width, groups=self.conv_dim, bias=False)
+        self.dt_bias = nn.Parameter(torch.ones(self.n_v))
+        self.A_log = nn.Parameter(torch.log(torch.empty(self.n_v).uniform_(0.01, 16)))
+        self.norm = GatedRMSNorm(self.dv, config.rms_norm_eps)
+        self.out_proj = nn.Linear(self.n_v * self.dv, dim, bias=False)
+
+    def new_cache(self, batch_size: int, max_tree_nodes: int, dtype: torch.dtype, device: torch.device) -> GDNCache:
+        b, n = batch_size, max_tree_nodes
+
+        def zeros(*shape: int, dt: torch.dtype = dtype) -> torch.Tensor:
+            return torch.zeros(shape, dtype=dt, device=device)
+
+        return GDNCache(
+            conv=zeros(b, self.conv_dim, self.width - 1),
+            state=zeros(b, self.n_v, self.dk, self.dv, dt=torch.float32),
+            k=zeros(b, n, self.n_k, self.dk, dt=torch.float32),
+            v=zeros(b, n, self.n_v, self.dv),
+            g=zeros(b, n, self.n_v, dt=torch.float32),
+            beta=zeros(b, n, self.n_v),
+            x=zeros(b, n, self.conv_dim),
+        )
+
+    def forward(
+        self, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor], cache: GDNCache | None, p: Pass
+    ) -> torch.Tensor:
+        """x [B, T, d] -> [B, T, d]; `rope` is unused (GDN has no positions). A tree pass (p.parents) needs B = 1."""
+        b, t, _ = x.shape
+        mixed = self.in_proj_qkv(x)  # [B, T, C] conv inputs
+        if p.parents is not None:
+            o = self._tree(mixed[0], x[0], cache, p.parents)[None]
+        else:
+            o = self._chain(mixed, x, cache)
+        z = self.in_proj_z(x).view(b, t, self.n_v, self.dv)
+        return self.out_proj(self.norm(o, z).reshape(b, t, -1))
+
+    def _qkv_gates(self, conv_out: torch.Tensor, x: torch.Tensor):
+        """conv_out [..., C], x [..., d] -> q, k [..., H, K] (q scaled), v [..., HV, V], g, beta [..., HV]."""
+        lead = conv_out.shape[:-1]
+        q, k, v = conv_out.split([self.n_k * self.dk, self.n_k * self.dk, self.n_v * self.dv], dim=-1)
+        q = _l2norm(q.reshape(*lead, self.n_k, self.dk)) * self.dk**-0.5
+        k = _l2norm(k.reshape(*lead, self.n_k, self.dk))
+        v = v.reshape(*lead, self.n_v, self.dv)
+        beta = torch.sigmoid(self.in_proj_b(x))
+        g = -self.A_log.float().exp() * F.softplus(self.in_proj_a(x).float() + self.dt_bias)
+        return q, k, v, g, beta
+
+    def _chain(self, mixed: torch.Tensor, x: torch.Tensor, cache: GDNCache | None) -> torch.Tensor:
+        """T new tokens after the cached state (zeros without a cache) -> o [B, T, HV, V]; advances the cache."""
+        b, t, _ = mixed.shape
+        conv_state = cache.conv if cache is not None else mixed.new_zeros(b, self.conv_dim, self.width - 1)
+        window = torch.cat([conv_state, mixed.transpose(1, 2)], dim=2)  # [B, C, W - 1 + T]
+        conv_out = F.silu(F.conv1d(window, self.conv1d.weight, groups=self.conv_dim)).transpose(1, 2)
+        q, k, v, g, beta = self._qkv_gates(conv_out, x)
+        if cache is None:
+            state = torch.zeros(b, self.n_v, self.dk, self.dv, dtype=torch.float32, device=x.device)
+            return _chain_delta_rule(q, k, v, g, beta, state)[0].to(x.dtype)
+        cache.conv.copy_(window[:, :, t:])
+        if t == 1:
+            return _recurrent_step(q[:, 0], k[:, 0], v[:, 0], g[:, 0], beta[:, 0], cache.state)[:, None].to(x.dtype)
+        o, state = _chain_delta_rule(q, k, v, g, beta, cache.state)
+        cache.state.copy_(state)
+        return o.to(x.dtype)
+
+    def _tree(self, mixed: torch.Tensor, x: torch.Tensor, cache: GDNCache, parents: torch.Tensor) -> torch.Tensor:
+        """Tree verify for one sequence: mixed [N, C], x [N, d] -> o [N, HV, V]; stashes the nodes, no state write."""
+        n = mixed.shape[0]
+        conv_out = _tree_conv(mixed, self.conv1d.weight[:, 0], None, parents, cache.conv[0], "silu")
+        q, k, v, g, beta = self._qkv_gates(conv_out, x)
+        for stash, value in ((cache.k, k), (cache.v, v), (cache.g, g), (cache.beta, beta), (cache.x, mixed)):
+            stash[0, :n] = value
+        return _tree_verify(q, k, v, g, beta, parents, cache.state[0])
+
+    def commit(self, cache: GDNCache, parents: torch.Tensor, leaf: int) -> None:
+        """Advance state and conv window along the path node 0..leaf of the last verify (replay or fold)."""
+        n = parents.numel()
+        s = slice(0, n)
+        k, v, g, beta = cache.k[0, s], cache.v[0, s], cache.g[0, s], cache.beta[0, s]
+        cache.state[0] = _tree_commit(k, v, g, beta, parents, cache.state[0], leaf)
+        cache.conv[0] = _tree_conv_commit(cache.x[0, s], parents, cache.conv[0], leaf)
+
+
+def _recurrent_step(q, k, v, g, beta, state: torch.Tensor) -> torch.Tensor:
+    """One token, in place on state [B, HV, K, V]: q, k [B, H, K], v [B, HV, V], g, beta [B, HV] -> o [B, HV, V]."""
+    rep = state.shape[1] // q.shape[1]
+    q, k = q.repeat_interleave(rep, dim=1), k.repeat_interleave(rep, dim=1)
+    state.mul_(g.exp()[..., None, None])
+    u = beta.float()[..., None] * (v.float() - torch.einsum("bhkv,bhk->bhv", state, k))
+    state.add_(k[..., :, None] * u[..., None, :])
+    return torch.einsum("bhkv,bhk->bhv", state, q)
+
+
+def _chain_delta_rule(q, k, v, g, beta, state: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """A chain [B, T, ...] as chain-shaped trees of CHAIN_CHUNK tokens -> (o [B, T, HV, V], state [B, HV, K, V])."""
+    outs = []
+    for lo in range(0, q.shape[1], CHAIN_CHUNK):
+        s = slice(lo, lo + CHAIN_CHUNK)
+        n = q[:, s].shape[1]
+        parents = torch.arange(-1, n - 1, device=q.device).expand(q.shape[0], n)
+        outs.append(_tree_verify(q[:, s], k[:, s], v[:, s], g[:, s], beta[:, s], parents, state))
+        leaf = torch.full((q.shape[0],), n - 1, dtype=torch.long)
+        state = _tree_commit(k[:, s], v[:, s], g[:, s], beta[:, s], parents, state, leaf)
+    return torch.cat(outs, dim=1), state
