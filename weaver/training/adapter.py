@@ -307,7 +307,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     defaults = TrainConfig()
     parser.add_argument("--model", required=True, help="target model: registry name or local HF folder")
     parser.add_argument("--drafter", required=True, help="trained drafter folder (z-lab DFlash format), kept frozen")
-    parser.add_argument("--features", required=True, help="cached target features folder (weaver.training.features)")
+    parser.add_argument(
+        "--features", default=None, help="cached target features folder (default: DRAFTER/features, the drafter's)"
+    )
     parser.add_argument("--out", required=True, help="output folder: adapter.pt (authors' format) + train_state.pt")
     parser.add_argument("--d-rank", type=int, default=256, help="adapter width d_rank (2048 in the paper)")
     parser.add_argument("--num-layers", type=int, default=1, help="adapter blocks (1 in the paper)")
@@ -336,7 +338,7 @@ def main(args: argparse.Namespace) -> int:
     model, _ = load_target(args.model)
     embed_weight, lm_head_weight = model.embed_tokens.weight.detach().float(), model.lm_head.weight.detach().float()
     drafter = load_drafter(args.drafter)
-    store = FeatureStore(args.features)
+    store = FeatureStore(args.features or Path(args.drafter) / "features")
     if store.hidden_layers != tuple(drafter.hidden_layers):
         raise ValueError(
             f"features hold target layers {store.hidden_layers} but the drafter needs {drafter.hidden_layers}: "
