@@ -5,7 +5,6 @@ from __future__ import annotations
 import argparse
 import json
 import math
-from types import SimpleNamespace
 
 import pytest
 import torch
@@ -13,10 +12,12 @@ from torch import nn
 from transformers import LlamaConfig, LlamaForCausalLM
 
 from weaver import train as train_cli
-from weaver.drafter import DrafterConfig
+from weaver.drafter import DrafterConfig, load_drafter
+from weaver.models import from_hf_model
 from weaver.training.drafter import (
     DrafterTrainConfig,
     add_arguments,
+    block_hidden,
     block_loss,
     init_drafter,
     pack_blocks,
@@ -35,33 +36,33 @@ from weaver.training.losses import argmax_cross_entropy, position_decay, sparse_
 V, D_MODEL, N_LAYERS = 64, 32, 6
 
 
-class StandInTarget(nn.Module):
-    """A tiny Llama behind the target-model contract's training call (test-only stand-in)."""
+def tiny_hf_target() -> LlamaForCausalLM:
+    torch.manual_seed(0)
+    cfg = LlamaConfig(
+        vocab_size=V,
+        hidden_size=D_MODEL,
+        intermediate_size=64,
+        num_hidden_layers=N_LAYERS,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=256,
+        initializer_range=0.3,  # peaked target distributions, so that a drafter has something to learn
+    )
+    return LlamaForCausalLM(cfg).eval()
+
+
+class CountingTarget(nn.Module):
+    """Our Transformer (weaver.models) of a tiny random Llama, counting its forward calls."""
 
     def __init__(self) -> None:
         super().__init__()
-        torch.manual_seed(0)
-        cfg = LlamaConfig(
-            vocab_size=V,
-            hidden_size=D_MODEL,
-            intermediate_size=64,
-            num_hidden_layers=N_LAYERS,
-            num_attention_heads=4,
-            num_key_value_heads=2,
-            max_position_embeddings=256,
-            initializer_range=0.3,
-        )
-        self.hf = LlamaForCausalLM(cfg).eval()
-        self.embed_tokens = self.hf.model.embed_tokens
-        self.lm_head = self.hf.lm_head
+        self.model = from_hf_model(tiny_hf_target())
+        self.config, self.embed_tokens, self.lm_head = self.model.config, self.model.embed_tokens, self.model.lm_head
         self.calls = 0
 
     def forward(self, input_ids, cache=None, hidden_layers=()):
-        assert cache is None
         self.calls += 1
-        out = self.hf(input_ids, output_hidden_states=True)
-        hidden = torch.stack([out.hidden_states[i + 1] for i in hidden_layers], dim=2) if hidden_layers else None
-        return SimpleNamespace(logits=out.logits, hidden=hidden)
+        return self.model(input_ids, cache=cache, hidden_layers=hidden_layers)
 
 
 def drafter_config() -> DrafterConfig:
@@ -91,8 +92,8 @@ def sequences(n: int, seed: int = 0) -> list[TrainingSequence]:
 
 
 @pytest.fixture(scope="module")
-def target() -> StandInTarget:
-    return StandInTarget().requires_grad_(False)
+def target() -> CountingTarget:
+    return CountingTarget().requires_grad_(False)
 
 
 @pytest.fixture
@@ -213,6 +214,31 @@ def test_train_drafter_checkpoints_and_resumes(tmp_path, store, target):
     assert torch.load(tmp_path / "train_state.pt", weights_only=False)["step"] == 6
 
 
+def test_training_blocks_match_inference_drafts(store, target):
+    """A block as trained (cached features, masked pack) equals the block drafted at inference (prefill + cache)."""
+    drafter = init_drafter(drafter_config(), seed=2)
+    randomize_norms(drafter)
+    ex = next(store.iterate())
+    anchors = torch.tensor([4, 9])
+    packed_hidden, _ = block_hidden(drafter, target.embed_tokens, ex, anchors)
+    for j, a in enumerate(anchors.tolist()):
+        cache = target.model.new_cache(max_seq_len=64)
+        out = target(ex["ids"][None, :a], cache=cache, hidden_layers=drafter.hidden_layers)
+        dcache = drafter.new_cache()
+        drafter.extend(dcache, out.hidden[0, : a - 2])  # in two steps, as begin() then observe() would
+        drafter.extend(dcache, out.hidden[0, a - 2 :])
+        block = drafter.draft(dcache, int(ex["ids"][a]), target.embed_tokens, target.lm_head)
+        torch.testing.assert_close(block.hidden, packed_hidden[j], rtol=2e-3, atol=2e-3)
+        torch.testing.assert_close(block.target_hidden, out.hidden[0, -1, -1])
+
+
+def randomize_norms(drafter) -> None:
+    with torch.no_grad():
+        for p in drafter.parameters():
+            if p.dim() == 1:
+                p.uniform_(0.5, 1.5)
+
+
 # ---------------------------------------------------------------- command line
 
 
@@ -233,3 +259,30 @@ def test_cli_parses_the_drafter_subcommand():
         ["drafter", "--model", "m", "--out", "o", "--steps", "3"]
     )
     assert args.trainer == "drafter" and args.steps == 3 and args.data == "sharegpt"
+
+
+def write_tiny_target_folder(folder) -> None:
+    """A Hugging Face folder (weights + a word-level tokenizer) that weaver.models.load_target accepts."""
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    tiny_hf_target().save_pretrained(folder)
+    tok = Tokenizer(models.WordLevel({f"t{i}": i for i in range(V)}, unk_token="t0"))
+    tok.pre_tokenizer = pre_tokenizers.Whitespace()
+    PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="t1").save_pretrained(folder)
+
+
+def test_cli_trains_a_loadable_drafter(tmp_path):
+    write_tiny_target_folder(tmp_path / "target")
+    data = tmp_path / "data.jsonl"
+    data.write_text("".join(json.dumps({"ids": list(s.ids), "prompt_len": s.prompt_len}) + "\n" for s in sequences(6)))
+    out = tmp_path / "drafter"
+    train_cli.main(
+        ["drafter", "--model", str(tmp_path / "target"), "--out", str(out), "--data", str(data), "--steps", "3",
+         "--block-size", "4", "--num-layers", "1", "--target-layer-ids", "1", "3", "--seqs-per-step", "2",
+         "--shard-size", "4", "--top-k", "4", "--warmup-steps", "1"]
+    )  # fmt: skip
+    drafter = load_drafter(out)
+    assert drafter.cfg.target_layer_ids == (1, 3) and drafter.cfg.hidden_size == D_MODEL
+    assert drafter.hidden_layers == (1, 3, N_LAYERS - 1)
+    assert FeatureStore(out / "features").hidden_layers == drafter.hidden_layers

@@ -94,15 +94,10 @@ def pack_blocks(anchors: torch.Tensor, seq_len: int, cfg: DrafterConfig, ids: to
     }
 
 
-def block_loss(
-    drafter: Drafter,
-    embed_tokens: nn.Module,
-    lm_head: nn.Module,
-    example: dict[str, Any],
-    anchors: torch.Tensor,
-    train: DrafterTrainConfig,
-) -> torch.Tensor:
-    """Position-decayed loss of the anchor blocks of one cached example."""
+def block_hidden(
+    drafter: Drafter, embed_tokens: nn.Module, example: dict[str, Any], anchors: torch.Tensor
+) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    """Drafter hidden [A, B-1, d] of the anchor blocks of one cached example (one masked pass), and the packing."""
     cfg = drafter.cfg
     ids = example["ids"]
     seq_len = ids.numel()
@@ -113,7 +108,19 @@ def block_loss(
     with torch.no_grad():
         block_embeds = embed_tokens(packed["block_ids"])[None].to(dtype)
     hidden = drafter(block_embeds, packed["positions"][None], context, packed["mask"][None])
-    hidden = hidden[0].view(anchors.numel(), cfg.block_size, -1)[:, 1:]
+    return hidden[0].view(anchors.numel(), cfg.block_size, -1)[:, 1:], packed
+
+
+def block_loss(
+    drafter: Drafter,
+    embed_tokens: nn.Module,
+    lm_head: nn.Module,
+    example: dict[str, Any],
+    anchors: torch.Tensor,
+    train: DrafterTrainConfig,
+) -> torch.Tensor:
+    """Position-decayed loss of the anchor blocks of one cached example."""
+    hidden, packed = block_hidden(drafter, embed_tokens, example, anchors)
     valid = packed["valid"].reshape(-1)
     logits = lm_head(hidden.reshape(-1, hidden.shape[-1])[valid])
     rows = packed["targets"].reshape(-1)[valid] - 1  # the target at position t - 1 predicts token t
@@ -122,7 +129,8 @@ def block_loss(
         per_row = sparse_kl(logits, top_ids, example["top_logprobs"][rows])
     else:
         per_row = argmax_cross_entropy(logits, top_ids)
-    weights = position_decay(cfg.block_size - 1, train.gamma).expand(anchors.numel(), -1).reshape(-1)[valid]
+    depth_weights = position_decay(drafter.cfg.block_size - 1, train.gamma)
+    weights = depth_weights.expand(anchors.numel(), -1).reshape(-1)[valid]
     return weighted_mean(per_row, weights)
 
 
@@ -262,18 +270,21 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def drafter_config_for(model: Any, args: argparse.Namespace) -> DrafterConfig:
-    """Drafter architecture matching the target's width, heads and RoPE (as DFlash drafters do)."""
+    """Drafter architecture matching the target's width, heads and RoPE (as DFlash drafters do).
+
+    `model.config` is the target's weaver.models.ModelConfig.
+    """
     tc = model.config
-    layer_ids = tuple(args.target_layer_ids or build_target_layer_ids(tc.num_layers, args.num_layers))
+    layer_ids = tuple(args.target_layer_ids or build_target_layer_ids(tc.num_hidden_layers, args.num_layers))
     return DrafterConfig(
         block_size=args.block_size,
         target_layer_ids=layer_ids,
         mask_token_id=tc.vocab_size - 1 if args.mask_token_id is None else args.mask_token_id,
-        num_target_layers=tc.num_layers,
+        num_target_layers=tc.num_hidden_layers,
         hidden_size=tc.hidden_size,
         num_layers=args.num_layers,
-        num_heads=tc.num_heads,
-        num_kv_heads=tc.num_kv_heads,
+        num_heads=tc.num_attention_heads,
+        num_kv_heads=tc.num_key_value_heads,
         head_dim=tc.head_dim,
         intermediate_size=args.intermediate_size or tc.intermediate_size,
         vocab_size=tc.vocab_size,
