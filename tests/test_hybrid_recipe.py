@@ -11,6 +11,7 @@ import torch
 from tokenizers import Tokenizer, models, pre_tokenizers
 from transformers import AutoModelForCausalLM, LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
 
+from weaver.models import load_target
 from weaver.training import hybrid as recipe
 
 WORDS = ["<unk>", "<s>", "</s>", "<|user|>", "<|assistant|>"] + [f"w{i}" for i in range(59)]
@@ -89,3 +90,7 @@ def test_recipe_distils_and_writes_a_loadable_folder(tmp_path, teacher_dir, shar
     ids = torch.tensor([[3, 10, 11, 12]])
     generated = loaded.generate(ids, max_new_tokens=4, do_sample=False)
     assert generated.shape == (1, 8)
+    target, tokenizer = load_target(out)
+    assert target.config.hybrid and tokenizer.encode("w1 w2", add_special_tokens=False) == [6, 7]
+    with torch.no_grad():
+        torch.testing.assert_close(target(generated).logits, loaded(generated).logits, rtol=1e-4, atol=1e-4)
