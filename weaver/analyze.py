@@ -100,7 +100,8 @@ def depth_acceptance(requests: pd.DataFrame) -> pd.DataFrame:
             reached = sum(1 for length in lengths if length >= depth)
             accepted = sum(1 for length in lengths if length > depth)
             rows.append((*keys, depth, reached, accepted, accepted / reached))
-    return pd.DataFrame(rows, columns=["model", "method", "budget", "temperature", "depth", "reached", "accepted", "rate"])
+    columns = ["model", "method", "budget", "temperature", "depth", "reached", "accepted", "rate"]
+    return pd.DataFrame(rows, columns=columns)
 
 
 def kernel_table(path: Path) -> pd.DataFrame:

@@ -7,9 +7,9 @@ ADAPTER_METHODS = ("weaver", "weaver_chain")
 def bench_inputs(wc):
     inputs = {"target": target_input(wc.model), "kernels": paths.KERNEL_BUILD.format(run=RUN)}
     if wc.method in DRAFTER_METHODS:
-        inputs["drafter"] = checkpoint_of(wc.model, "drafter")
+        inputs["drafter"] = checkpoint_input(wc.model, "drafter")
     if wc.method in ADAPTER_METHODS:
-        inputs["adapter"] = checkpoint_of(wc.model, "adapter")
+        inputs["adapter"] = checkpoint_input(wc.model, "adapter")
     return inputs
 
 
@@ -38,7 +38,7 @@ rule bench_cell:
     resources:
         gpu=GPUS,
     shell:
-        "python -m weaver.bench --model {params.target} --model-name {wildcards.model} --dataset {wildcards.dataset} "
+        "OMP_NUM_THREADS={threads} python -m weaver.bench --model {params.target} --model-name {wildcards.model} --dataset {wildcards.dataset} "
         "--method {wildcards.method} --budget {wildcards.budget} --temperature {wildcards.temperature} "
         "--n-prompts {params.n_prompts} --max-new-tokens {config[max_new_tokens]} --seed {config[seed]} "
         "--mode {config[verify_mode]} --threads {threads} {params.checkpoints} --out {params.cell_dir} > {log} 2>&1"

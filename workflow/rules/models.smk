@@ -1,4 +1,5 @@
-# Targets the pipeline builds (the GDN hybrid), then the drafter and the Weaver adapter trained on each target.
+# Targets the pipeline builds (the GDN hybrid), then per target: cached features + drafter, and the Weaver adapter.
+# Jobs set OMP_NUM_THREADS so that `--cores` bounds the CPU threads actually used.
 
 
 def target_arg(model):
@@ -20,27 +21,31 @@ def checkpoint_of(model, kind):
     return pattern.format(run=RUN, model=model)
 
 
+def checkpoint_input(model, kind):
+    """Checkpoints this pipeline trains are inputs; pretrained ones are external (a dry run must work without)."""
+    return [] if "path" in config["models"][model][kind] else [checkpoint_of(model, kind)]
+
+
 rule build_hybrid:
     output:
         directory(paths.MODEL_DIR),
     log:
         log("build_hybrid"),
     params:
-        base=lambda wc: config["models"][wc.model]["target"],
         extra=lambda wc: args(config["models"][wc.model].get("build_args", [])),
     threads: THREADS
     resources:
         gpu=GPUS,
     shell:
-        "python -m weaver.train hybrid --base {params.base} --out {output} --threads {threads} {params.extra} "
-        "> {log} 2>&1"
+        "OMP_NUM_THREADS={threads} python -m weaver.train hybrid --out {output} {params.extra} > {log} 2>&1"
 
 
 rule train_drafter:
     input:
         lambda wc: target_input(wc.model),
     output:
-        directory(paths.DRAFTER_DIR),
+        drafter=directory(paths.DRAFTER_DIR),
+        features=directory(paths.FEATURES_DIR),
     log:
         log("train_drafter"),
     params:
@@ -50,24 +55,27 @@ rule train_drafter:
     resources:
         gpu=GPUS,
     shell:
-        "python -m weaver.train drafter --target {params.target} --out {output} --threads {threads} {params.extra} "
-        "> {log} 2>&1"
+        "OMP_NUM_THREADS={threads} python -m weaver.train drafter --model {params.target} --out {output.drafter} "
+        "--features {output.features} {params.extra} > {log} 2>&1"
 
 
 rule train_adapter:
     input:
         target=lambda wc: target_input(wc.model),
-        drafter=lambda wc: checkpoint_of(wc.model, "drafter"),
+        drafter=lambda wc: checkpoint_input(wc.model, "drafter"),
+        features=paths.FEATURES_DIR,
     output:
         paths.ADAPTER,
     log:
         log("train_adapter"),
     params:
         target=lambda wc: target_arg(wc.model),
+        drafter=lambda wc: checkpoint_of(wc.model, "drafter"),
+        out=lambda wc, output: os.path.dirname(output[0]),
         extra=lambda wc: args(config["models"][wc.model]["adapter"]["train_args"]),
     threads: THREADS
     resources:
         gpu=GPUS,
     shell:
-        "python -m weaver.train adapter --target {params.target} --drafter {input.drafter} --out {output} "
-        "--threads {threads} {params.extra} > {log} 2>&1"
+        "OMP_NUM_THREADS={threads} python -m weaver.train adapter --model {params.target} --drafter {params.drafter} "
+        "--features {input.features} --out {params.out} {params.extra} > {log} 2>&1"

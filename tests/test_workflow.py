@@ -1,0 +1,146 @@
+"""The Snakemake DAG: dry runs of every config and profile, schema rejections, figures from committed raw logs."""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+ROOT = Path(__file__).resolve().parent.parent
+FIXTURES = ROOT / "tests" / "fixtures"
+SNAKEMAKE = Path(sys.executable).with_name("snakemake")
+PRODUCERS = {"build_hybrid", "train_drafter", "train_adapter", "build_kernels", "kernel_bench", "bench_cell"}
+
+
+def snakemake(*argv: str, cwd: Path = ROOT, timeout: int = 300) -> subprocess.CompletedProcess:
+    env = {**os.environ, "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}", "OMP_NUM_THREADS": "1"}
+    cmd = [str(SNAKEMAKE), "--snakefile", str(ROOT / "Snakefile"), "--cores", "1", *argv]
+    return subprocess.run(cmd, cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout)
+
+
+def job_counts(output: str) -> dict[str, int]:
+    """The 'Job stats' table of a Snakemake run as {rule: count}."""
+    counts: dict[str, int] = {}
+    stats = output.split("Job stats:", 1)
+    if len(stats) < 2:
+        return counts
+    for line in stats[1].splitlines()[3:]:
+        match = re.match(r"^(\w+)\s+(\d+)$", line.strip())
+        if not match:
+            break
+        counts[match[1]] = int(match[2])
+    return counts
+
+
+@pytest.mark.parametrize("config", ["config.yaml", "smoke.yaml", "paper.yaml"])
+def test_dry_run_of_every_config(config: str) -> None:
+    run = snakemake("-n", "--configfile", str(ROOT / "config" / config))
+    assert run.returncode == 0, run.stdout + run.stderr
+    counts = job_counts(run.stdout)
+    assert counts.get("bench_cell", 0) > 0 and counts.get("analyze") == 1
+
+
+@pytest.mark.parametrize("profile", ["default", "gpu-smoke", "slurm"])
+def test_dry_run_of_every_profile(profile: str) -> None:
+    run = snakemake(
+        "-n", "--profile", str(ROOT / "profiles" / profile), "--configfile", str(ROOT / "config/smoke.yaml")
+    )
+    assert run.returncode == 0, run.stdout + run.stderr
+    assert job_counts(run.stdout).get("bench_cell", 0) > 0
+
+
+def test_paper_config_has_the_papers_grid() -> None:
+    paper = yaml.safe_load((ROOT / "config" / "paper.yaml").read_text())
+    main, qwen3 = paper["grids"]
+    assert len(main["datasets"]) == 8 and max(main["budgets"]) == 128 and main["temperatures"] == [1]
+    assert {"ar", "chain", "ddtree", "weaver"} <= set(main["methods"])
+    assert qwen3["models"] == ["qwen3-8b"] and qwen3["temperatures"] == [0]
+    assert paper["datasets"]["gsm8k"] == 128 and paper["datasets"]["math500"] == 128
+
+
+@pytest.mark.parametrize(
+    ("change", "names"),
+    [
+        ({"grids": [{"models": ["smollm2-135m"], "datasets": ["mt_bench"], "methods": ["medusa"], "budgets": [4],
+                     "temperatures": [0]}]}, ["grids.0.methods.0", "'medusa' is not one of", "'weaver'"]),
+        ({"verify_mode": "minp"}, ["verify_mode", "'traversal'"]),
+        ({"max_new_token": 8}, ["max_new_token", "allowed keys", "max_new_tokens"]),
+        ({"datasets": {"mt_bench": 0}}, ["datasets.mt_bench", "minimum"]),
+    ],
+    ids=["unknown-method", "unknown-verify-mode", "misspelt-key", "zero-prompts"],
+)  # fmt: skip
+def test_bad_config_fails_at_once_naming_key_and_allowed(tmp_path: Path, change: dict, names: list[str]) -> None:
+    config = yaml.safe_load((ROOT / "config" / "smoke.yaml").read_text())
+    config.update(change)
+    path = tmp_path / "bad.yaml"
+    path.write_text(yaml.safe_dump(config))
+    run = snakemake("-n", "--configfile", str(path))
+    assert run.returncode != 0
+    message = run.stdout + run.stderr
+    for name in names:
+        assert name in message, message
+
+
+def test_figures_rebuild_from_committed_logs_without_producing_jobs(tmp_path: Path) -> None:
+    """A fresh clone: raw logs only, no checkpoints, no .snakemake metadata, raw logs newer than everything."""
+    shutil.copytree(FIXTURES / "results", tmp_path / "results")
+    for path in (tmp_path / "results").rglob("*"):
+        path.touch()  # timestamps after a fresh clone are arbitrary: make the raw logs the newest files
+    config = str(FIXTURES / "config.yaml")
+    dry = snakemake("figures", "-n", "--configfile", config, cwd=tmp_path)
+    assert dry.returncode == 0, dry.stdout + dry.stderr
+    scheduled = set(job_counts(dry.stdout))
+    assert scheduled and not scheduled & PRODUCERS, f"figures would run producing jobs: {scheduled & PRODUCERS}"
+
+    run = snakemake("figures", "--configfile", config, cwd=tmp_path)
+    assert run.returncode == 0, run.stdout + run.stderr
+    figures = tmp_path / "figures" / "fixture"
+    names = ["table1.md", "table1.tex", "per_dataset.md", "tau_vs_budget.png", "tau_vs_budget.pdf"]
+    names += ["depth_acceptance.png", "speedup_vs_budget.pdf", "gdn_kernel_time.png", "gdn_kernel_time.tex"]
+    for name in names:
+        assert (figures / name).stat().st_size > 0, name
+    table1 = (figures / "table1.md").read_text()
+    assert "Weaver tree" in table1 and "1.00" in table1  # AR's speedup over itself, computed from the logs
+
+    again = snakemake("figures", "-n", "--configfile", config, cwd=tmp_path)
+    assert "Nothing to be done" in again.stdout + again.stderr
+
+
+def test_environment_yml_matches_pyproject() -> None:
+    """conda is not available here: environment.yml must list the same dependencies as pyproject.toml."""
+    import tomllib
+
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    wanted = set(project["dependencies"])
+    for group in project.get("optional-dependencies", {}).values():
+        wanted |= set(group)
+    env = yaml.safe_load((ROOT / "workflow" / "envs" / "environment.yml").read_text())
+    pip = next(d["pip"] for d in env["dependencies"] if isinstance(d, dict))
+    listed = {d for d in pip if not d.startswith("-e")}
+    assert listed == wanted, f"only in pyproject: {wanted - listed}; only in environment.yml: {listed - wanted}"
+
+
+@pytest.mark.slow
+def test_smoke_run_end_to_end(tmp_path: Path) -> None:
+    """config/smoke.yaml from nothing to every artifact (needs the real engine, trainers and kernels)."""
+    run = snakemake("--configfile", str(ROOT / "config" / "smoke.yaml"), "--directory", str(tmp_path), timeout=600)
+    assert run.returncode == 0, run.stdout[-5000:] + run.stderr[-5000:]
+    assert (tmp_path / "figures" / "smoke" / "table1.md").exists()
+
+
+@pytest.mark.slow
+def test_smoke_run_through_slurm(tmp_path: Path) -> None:
+    """The smoke config via sbatch on a one-node cluster (workflow/ci/slurm_up.sh must have started it)."""
+    if shutil.which("sbatch") is None or subprocess.run(["sinfo"], capture_output=True).returncode != 0:
+        pytest.skip("no running SLURM cluster: run `sudo workflow/ci/slurm_up.sh` first")
+    profile = str(ROOT / "profiles" / "slurm")
+    config = str(ROOT / "config" / "smoke.yaml")
+    run = snakemake("--profile", profile, "--configfile", config, "--directory", str(tmp_path), timeout=900)
+    assert run.returncode == 0, run.stdout[-5000:] + run.stderr[-5000:]
+    assert (tmp_path / "figures" / "smoke" / "table1.md").exists()
