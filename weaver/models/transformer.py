@@ -74,11 +74,11 @@ class Transformer(nn.Module):
 
     def new_cache(self, max_seq_len: int, max_tree_nodes: int = 1, batch_size: int = 1) -> Cache:
         """Static buffers for `max_seq_len` committed tokens plus `max_tree_nodes` scratch slots for a verify."""
-        context = self.config.max_position_embeddings
-        if not 0 < max_seq_len <= context:
-            raise ValueError(f"max_seq_len must lie in [1, {context}] (the model's context), got {max_seq_len}")
-        if max_tree_nodes < 1 or batch_size < 1:
-            raise ValueError(f"max_tree_nodes and batch_size must be >= 1, got {max_tree_nodes} and {batch_size}")
+        if min(max_seq_len, max_tree_nodes, batch_size) < 1:
+            raise ValueError(
+                f"max_seq_len, max_tree_nodes and batch_size must be >= 1, got {max_seq_len}, {max_tree_nodes}, "
+                f"{batch_size}"
+            )
         w = self.embed_tokens.weight
         layers = [
             layer.linear_attn.new_cache(batch_size, max_tree_nodes, w.dtype, w.device)

