@@ -25,7 +25,6 @@ pgrep -x munged >/dev/null || munged --force
 
 sed -e "s|@HOST@|$host|g" -e "s|@CPUS@|$cpus|g" -e "s|@MEM@|$mem|g" -e "s|@STATE@|$state|g" \
     "$(dirname "$0")/slurm.conf.in" > /etc/slurm/slurm.conf
-echo "CgroupPlugin=disabled" > /etc/slurm/cgroup.conf
 
 pgrep -x slurmctld >/dev/null || slurmctld
 pgrep -x slurmd >/dev/null || slurmd
