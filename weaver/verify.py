@@ -141,7 +141,8 @@ def _visit(tree: Tree, node: int, mass: float, probs: RowProbs, chooser: Chooser
     `mass`, and conditioned on accepting, the emitted continuation after `node` is distributed as the target's.
     So to its parent the subtree is one coin of bias p~ followed by an exact target sample, and the sibling loop is
     recursive rejection sampling without replacement against the scaled target A = p~ p (mass p~ <= 1):
-      child c drawn from q (over the children not yet dropped, Plackett-Luce order) enters with
+      child c drawn from q renormalised over the children not yet dropped (so siblings are tried in Plackett-Luce
+      order, the law of sorting Gumbel-perturbed log q, drawn lazily) enters with
           p~(c) = min(1, A(c) / q(c));
       if its subtree rejects, A <- max(A - q, 0) / sum(max(q - A, 0)) (the residual given a rejection: in the
       paper's words, p <- norm(max(p~ p - q, 0)) and p~ <- sum max(p~ p - q, 0) / sum max(q - p~ p, 0)), drop c.
@@ -165,9 +166,10 @@ def _visit(tree: Tree, node: int, mass: float, probs: RowProbs, chooser: Chooser
         overlap = torch.minimum(target, q).sum().item()
         # (mass - m) / (1 - m) keeps a mass of exactly 1 at exactly 1 (the root never rejects); 1 - m > 0 here
         # because a child that entered with p~ = 1 never rejects.
-        mass = max(0.0, (mass - overlap) / (1.0 - overlap))
         residual = (target - q).clamp(min=0)
-        target = residual * (mass / residual.sum()) if residual.sum() > 0 else residual
+        total = residual.sum().item()
+        mass = max(0.0, (mass - overlap) / (1.0 - overlap)) if total > 0 else 0.0
+        target = residual * (mass / total) if total > 0 else residual
         del kids[j]
     if node != 0 and chooser.choose(torch.tensor([1.0 - min(mass, 1.0), mass], dtype=torch.float64)) == 0:
         return None
