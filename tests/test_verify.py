@@ -185,6 +185,23 @@ def test_sampling_is_exactly_the_target(mode: str, tree: Tree, params: SamplingP
     assert total_variation(got, want) < 1e-12
 
 
+@pytest.mark.parametrize("tree", [TREES["guided-binary"], TREES["random7"]], ids=["guided-binary", "random7"])
+@pytest.mark.parametrize("mode", ["target_only", "traversal"])
+def test_expected_acceptance_is_the_optimum_for_a_fixed_tree(mode: str, tree: Tree) -> None:
+    """Both rules accept the longest tree prefix of an exact target sample (a dropped child's token is never the
+    bonus), so E[accepted drafts] = sum over drafted nodes v of p_target(path to v): the best any lossless rule can do
+    on a fixed tree. Also an acceptance floor: speculation that silently accepts nothing fails here."""
+    params = SAMPLING["t1"]
+    outcomes = enumerate_acceptance(tree, tree_logits(tree), params, mode)
+    got = sum(p * (len(tokens) - 1) for tokens, p in outcomes.items())
+    probs = target_probs(tree_logits(tree), params)
+    reach = [1.0] + [0.0] * (tree.num_nodes - 1)  # p_target(path root..v)
+    for v in range(1, tree.num_nodes):
+        reach[v] = reach[int(tree.parents[v])] * probs[int(tree.parents[v]), int(tree.tokens[v])].item()
+    assert got == pytest.approx(sum(reach[1:]), abs=1e-12)
+    assert tree is not TREES["guided-binary"] or got > 2.0
+
+
 def naive_token_rule(tree: Tree, logits: torch.Tensor, params: SamplingParams, chooser: ScriptedChooser) -> list[int]:
     """The plain min(1, p/q) rule with residual updates, children tried in index order (deterministic top-K tree)."""
     node, out = 0, []
@@ -351,6 +368,8 @@ def test_accept_rejects_bad_input() -> None:
         accept(tree, logits[:2], hot, "traversal", torch.Generator())
     with pytest.raises(TreeError, match=r"\[0, 3\)"):
         accept(tree, logits[:, :3], hot, "traversal", torch.Generator())
+    with pytest.raises(TreeError, match="siblings must be distinct"):
+        accept(Tree.from_lists([1, 2, 2], [-1, 0, 0]), logits, hot, "traversal", torch.Generator())
     with pytest.raises(ValueError, match="needs temperature 0"):
         accept(tree, logits, hot, "greedy", torch.Generator())
     with pytest.raises(ValueError, match="seeded torch.Generator"):
