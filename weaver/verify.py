@@ -7,8 +7,10 @@ bonus token the target emits after it. Three rules:
 - target_only (sample-and-match, SpecInfer-style): draw y from the target at the current node, move to the child
   carrying y, else stop with bonus y. Every emitted token is a target sample, whatever the tree.
 - traversal (Traversal Verification, arXiv 2505.12398): sequence-level acceptance that walks leaf-to-root, using the
-  tree's draft log-probs as the proposal q. Also exactly the target's distribution, and accepts more than
-  target_only when q is informative.
+  tree's draft log-probs as the proposal q. Also exactly the target's distribution. Its bonus is never a token of a
+  child of the last accepted node, so on a FIXED tree it accepts the longest tree prefix of a target sample, exactly
+  like target_only (the optimum for that tree; tests check E[accepted] = sum_v p_target(path to v)); it can only
+  gain over target_only on trees whose nodes are themselves sampled from q.
 
 The plain min(1, p/q) token rule is NOT offered: on trees built deterministically from top-K marginals (no draft
 samples) it is biased; tests/test_verify.py shows it.
