@@ -1,0 +1,137 @@
+"""The paper's kernel table: per-branch recurrent vs fused masked-solve GDN tree verify, microseconds per layer.
+
+    python -m weaver_kernels.bench [--device cpu|cuda] [--n 16 32 64 128] [--out DIR]
+
+On CPU both sides run their PyTorch paths (report the ratio); on CUDA they run the Triton kernels (and the CUDA C++
+extension for the fused solve when it is built). Batch 1; trees are random topological trees of N nodes (node 0 = the
+first new token). Paper (B200, bf16, Qwen3.6-27B layout): N=128: 408.3 vs 57.3 us (7.1x), METHOD.md section 7.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import json
+import platform
+import statistics
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import torch
+
+import weaver_kernels as wk
+
+# name -> (H key heads, HV value heads, K, V)
+LAYOUTS = {
+    "qwen3.6-27b": (16, 48, 128, 128),
+    "qwen3-next-80b": (16, 32, 128, 128),
+    "small-hybrid": (4, 8, 64, 64),
+}
+
+
+@dataclass(frozen=True)
+class Row:
+    layout: str
+    n: int
+    device: str
+    backend: str
+    dtype: str
+    per_branch_us: float
+    fused_us: float
+    speedup: float
+
+
+def make_inputs(layout: str, n: int, device: torch.device, dtype: torch.dtype, seed: int) -> tuple:
+    """Random single-sequence GDN inputs (q, k, v, g, beta, parents, initial_state) of one layer."""
+    h, hv, dk, dv = LAYOUTS[layout]
+    gen = torch.Generator().manual_seed(seed)
+    parents = torch.tensor([-1] + [int(torch.randint(0, i, (), generator=gen)) for i in range(1, n)])
+    q = torch.nn.functional.normalize(torch.randn(n, h, dk, generator=gen), dim=-1) * dk**-0.5
+    k = torch.nn.functional.normalize(torch.randn(n, h, dk, generator=gen), dim=-1)
+    v = torch.randn(n, hv, dv, generator=gen)
+    g = -torch.nn.functional.softplus(torch.randn(n, hv, generator=gen))
+    beta = torch.sigmoid(torch.randn(n, hv, generator=gen))
+    s0 = torch.randn(hv, dk, dv, generator=gen)
+    return tuple(x.to(device, dtype) for x in (q, k, v, g, beta)) + (parents.to(device), s0.to(device, dtype))
+
+
+def time_us(fn: Callable[[], object], device: torch.device, repeats: int) -> float:
+    """Median wall time of fn in microseconds (after one warm-up call; CUDA timed with events)."""
+    fn()
+    samples = []
+    for _ in range(repeats):
+        if device.type == "cuda":
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            fn()
+            end.record()
+            torch.cuda.synchronize()
+            samples.append(start.elapsed_time(end) * 1e3)
+        else:
+            t0 = time.perf_counter()
+            fn()
+            samples.append((time.perf_counter() - t0) * 1e6)
+    return statistics.median(samples)
+
+
+def measure(layout: str, n: int, device: torch.device, dtype: torch.dtype, backend: str, repeats: int) -> Row:
+    args = make_inputs(layout, n, device, dtype, seed=n)
+    with wk.use_backend(backend):
+        per_branch = time_us(lambda: wk.gdn_tree_verify_per_branch(*args), device, repeats)
+        fused = time_us(lambda: wk.gdn_tree_verify(*args), device, repeats)
+        used = wk.resolve("gdn_tree_verify", device)
+    dt = str(dtype).removeprefix("torch.")
+    return Row(layout, n, device.type, used, dt, round(per_branch, 1), round(fused, 1), round(per_branch / fused, 2))
+
+
+def write(rows: list[Row], out: Path) -> None:
+    """kernel_table.csv and kernel_table.json (rows + the machine) under out, each written atomically."""
+    out.mkdir(parents=True, exist_ok=True)
+    hardware = torch.cuda.get_device_name() if rows and rows[0].device == "cuda" else platform.processor() or "cpu"
+    meta = {"hardware": hardware, "torch": torch.__version__, "rows": [asdict(r) for r in rows]}
+    tmp = out / "kernel_table.json.tmp"
+    tmp.write_text(json.dumps(meta, indent=1))
+    tmp.replace(out / "kernel_table.json")
+    tmp = out / "kernel_table.csv.tmp"
+    with tmp.open("w", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=list(asdict(rows[0])))
+        writer.writeheader()
+        writer.writerows(asdict(r) for r in rows)
+    tmp.replace(out / "kernel_table.csv")
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu", help="cpu or cuda")
+    parser.add_argument("--layouts", nargs="+", default=list(LAYOUTS), choices=list(LAYOUTS), help="head layouts")
+    parser.add_argument("--n", nargs="+", type=int, default=[16, 32, 64, 128], help="verify widths N (tree nodes)")
+    parser.add_argument("--dtype", default=None, help="float32 or bfloat16 (default: bf16 on cuda, fp32 on cpu)")
+    parser.add_argument(
+        "--backend", default="auto", choices=["auto", "ref", "triton", "cuda"], help="force a kernel backend"
+    )
+    parser.add_argument("--repeats", type=int, default=None, help="timed calls per cell (default 5 cpu, 50 cuda)")
+    parser.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: leave as is)")
+    parser.add_argument("--out", type=Path, default=None, help="folder for kernel_table.csv / .json (optional)")
+    args = parser.parse_args(argv)
+    device = torch.device(args.device)
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    dtype = getattr(torch, args.dtype or ("bfloat16" if device.type == "cuda" else "float32"))
+    repeats = args.repeats or (50 if device.type == "cuda" else 5)
+    print(f"{'layout':<16}{'N':>5}  {'backend':<8}{'per-branch us':>15}{'fused us':>12}{'speedup':>9}")
+    rows = []
+    for layout in args.layouts:
+        for n in args.n:
+            row = measure(layout, n, device, dtype, args.backend, repeats)
+            rows.append(row)
+            times = f"{row.per_branch_us:>15.1f}{row.fused_us:>12.1f}{row.speedup:>8.2f}x"
+            print(f"{layout:<16}{n:>5}  {row.backend:<8}{times}")
+    if args.out is not None:
+        write(rows, args.out)
+        print(f"wrote {args.out / 'kernel_table.csv'} and kernel_table.json")
+
+
+if __name__ == "__main__":
+    main()
