@@ -144,3 +144,16 @@ def test_smoke_run_through_slurm(tmp_path: Path) -> None:
     run = snakemake("--profile", profile, "--configfile", config, "--directory", str(tmp_path), timeout=900)
     assert run.returncode == 0, run.stdout[-5000:] + run.stderr[-5000:]
     assert (tmp_path / "figures" / "smoke" / "table1.md").exists()
+
+
+@pytest.mark.slow
+def test_figures_through_slurm(tmp_path: Path) -> None:
+    """The SLURM profile for real (sbatch on the one-node cluster of workflow/ci/slurm_up.sh), on the fixture logs."""
+    if shutil.which("sbatch") is None or subprocess.run(["sinfo"], capture_output=True).returncode != 0:
+        pytest.skip("no running SLURM cluster: run `sudo workflow/ci/slurm_up.sh` first")
+    shutil.copytree(FIXTURES / "results", tmp_path / "results")
+    profile = str(ROOT / "profiles" / "slurm")
+    run = snakemake("figures", "--profile", profile, "--configfile", str(FIXTURES / "config.yaml"), cwd=tmp_path)
+    assert run.returncode == 0, run.stdout[-5000:] + run.stderr[-5000:]
+    assert "submitted with SLURM jobid" in run.stdout + run.stderr
+    assert (tmp_path / "figures" / "fixture" / "table1.md").exists()
