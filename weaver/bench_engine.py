@@ -84,7 +84,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     print("|---|---|")
     print(f"| weaver AR (`weaver.generate`) | {ours_m:.1f} |")
     print(f"| transformers `generate` | {theirs_m:.1f} |")
-    print(f"\nratio weaver / transformers: {ours_m / theirs_m:.2f}x; identical outputs on {same}/{len(prompts)} prompts")
+    print(
+        f"\nratio weaver / transformers: {ours_m / theirs_m:.2f}x; identical outputs on {same}/{len(prompts)} prompts"
+    )
     return 0
 
 

@@ -24,6 +24,7 @@ from weaver.tree import Tree
 from weaver.verify import SamplingParams, accept, target_probs
 
 VERIFY_MODES = ("greedy", "target_only", "traversal")
+GREEDY = SamplingParams()
 
 
 @dataclass(frozen=True)
@@ -97,7 +98,7 @@ def generate(
     source: TreeSource | None = None,
     budget: int = 0,
     max_new_tokens: int = 256,
-    params: SamplingParams = SamplingParams(),
+    params: SamplingParams = GREEDY,
     mode: str = "target_only",
     eos_ids: Iterable[int] = (),
     seed: int = 0,

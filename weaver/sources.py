@@ -10,7 +10,9 @@ nothing). The drafter-based sources (chain, ddtree, weaver, weaver_chain) wrap `
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
+from os import PathLike
 from typing import Any, Protocol
 
 import torch
@@ -196,3 +198,63 @@ class RandomSource:
             used.append(set())
         logq = [0.0] + [-float(torch.tensor(len(used[p])).log()) for p in parents[1:]]
         return Tree.from_lists(tokens, parents, logq)
+
+
+class DrafterSource:
+    """A factorized block drafter (DFlash-style) + a tree builder: chain, ddtree, weaver or weaver_chain.
+
+    The drafter keeps projected context K/V of every committed token (fed by `begin` / `observe` with the target's
+    hidden states); one drafter pass from the root gives the marginals of depths 1..D (`draft`), and the builder turns
+    them into a tree (`build`), with the Weaver adapter for the weaver methods (METHOD.md sections 2-4).
+    """
+
+    def __init__(
+        self,
+        model: Any,
+        method: str,
+        *,
+        drafter: Any,
+        adapter: Any = None,
+        depth_cap: int = DEFAULT_DEPTH_CAP,
+        pool_size: int | None = None,
+    ) -> None:
+        from weaver.adapter import Weaver
+        from weaver.builders import BUILDERS
+        from weaver.drafter import load_drafter
+
+        if method not in BUILDERS:
+            raise KeyError(f"unknown tree builder {method!r}; available: {', '.join(sorted(BUILDERS))}")
+        self.name, self.model, self.depth_cap = method, model, depth_cap
+        self.drafter = load_drafter(drafter) if isinstance(drafter, (str, PathLike)) else drafter
+        if self.drafter.cfg.vocab_size != model.config.vocab_size:
+            raise ValueError(
+                f"drafter vocabulary ({self.drafter.cfg.vocab_size}) != target vocabulary "
+                f"({model.config.vocab_size}): the drafter was trained for another target"
+            )
+        self.hidden_layers = tuple(self.drafter.hidden_layers)
+        self.adapter = None
+        if method.startswith("weaver"):
+            if adapter is None:
+                raise ValueError(f"method {method!r} needs a Weaver adapter checkpoint (--adapter PATH)")
+            weaver = Weaver.load(adapter) if isinstance(adapter, (str, PathLike)) else adapter
+            self.adapter = weaver.bind(model.embed_tokens.weight, model.lm_head.weight, pool_size=pool_size)
+        self.cache = self.drafter.new_cache()
+
+    def begin(self, prompt_ids: torch.Tensor, hidden: torch.Tensor | None) -> None:
+        self.cache = self.drafter.new_cache()
+        self.drafter.extend(self.cache, hidden)
+
+    def observe(self, tokens: torch.Tensor, hidden: torch.Tensor | None) -> None:
+        self.drafter.extend(self.cache, hidden)
+
+    def draft(self, root: int, generator: torch.Generator) -> Any:
+        return self.drafter.draft(self.cache, root, self.model.embed_tokens, self.model.lm_head)
+
+    def build(self, draft: Any, root: int, budget: int, generator: torch.Generator) -> Tree:
+        from weaver.builders import build_tree
+
+        return build_tree(self.name, draft, root, budget, adapter=self.adapter, depth_cap=self.depth_cap)
+
+
+for _method in ("chain", "ddtree", "weaver", "weaver_chain"):
+    register_source(_method)(functools.partial(DrafterSource, method=_method))

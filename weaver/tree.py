@@ -21,6 +21,7 @@ Example (budget 3, N = 4)::
 
 from __future__ import annotations
 
+import itertools
 from dataclasses import dataclass, field
 
 import torch
@@ -32,7 +33,7 @@ class TreeError(ValueError):
     """A tree that violates an invariant the verifier relies on."""
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)
 class Tree:
     """A draft tree for one sequence.
 
@@ -124,8 +125,13 @@ class Tree:
             node = parents[node]
         return path[::-1]
 
-    def validate(self, *, budget: int | None = None, depth_cap: int | None = None, vocab_size: int | None = None) -> None:
+    def validate(
+        self, *, budget: int | None = None, depth_cap: int | None = None, vocab_size: int | None = None
+    ) -> None:
         """Raise TreeError naming the first violated invariant."""
+        for name in ("tokens", "parents", "depths"):
+            if getattr(self, name).dtype != torch.long:
+                raise TreeError(f"Tree.{name} must be int64, got {getattr(self, name).dtype}")
         n = self.num_nodes
         parents = self.parents.tolist()
         depths = self.depths.tolist()
@@ -142,7 +148,9 @@ class Tree:
             seen: set[int] = set()
             for c in kids:
                 if tokens[c] in seen:
-                    raise TreeError(f"node {node} has two children carrying token {tokens[c]}: siblings must be distinct")
+                    raise TreeError(
+                        f"node {node} has two children carrying token {tokens[c]}: siblings must be distinct"
+                    )
                 seen.add(tokens[c])
         if budget is not None and n - 1 > budget:
             raise TreeError(f"tree has {n - 1} drafted nodes, over the budget {budget}")
@@ -153,8 +161,8 @@ class Tree:
                 f"tree tokens must lie in [0, {vocab_size}) (the target's vocabulary), got range "
                 f"[{min(tokens)}, {max(tokens)}]: is the drafter built for another tokenizer?"
             )
-        if not torch.isfinite(self.draft_logprobs[1:]).all() and n > 1:
-            bad = (~torch.isfinite(self.draft_logprobs)).nonzero().flatten().tolist()
+        if not torch.isfinite(self.draft_logprobs[1:]).all():
+            bad = (1 + (~torch.isfinite(self.draft_logprobs[1:])).nonzero().flatten()).tolist()
             raise TreeError(f"draft_logprobs must be finite for drafted nodes, not at nodes {bad}")
 
     # ------------------------------------------------------------------ verifier inputs
@@ -188,7 +196,7 @@ class Tree:
         """[N] int64 next sibling (same parent, next in index order), -1 if none."""
         nxt = [-1] * self.num_nodes
         for kids in self._children:
-            for a, b in zip(kids, kids[1:]):
+            for a, b in itertools.pairwise(kids):
                 nxt[a] = b
         return torch.tensor(nxt, dtype=torch.long)
 

@@ -1,0 +1,222 @@
+"""The engine is lossless: speculative output == plain decoding (greedy) and == the target's distribution (sampling).
+
+Covers every tree source (prompt lookup, oracle = all-accept, random = none-accept, and the drafter-based chain,
+ddtree, weaver, weaver_chain with untrained drafters), budgets 0 (no draft at all) to 16, attention-only and GDN
+hybrid targets, EOS inside an accepted path, an acceptance-length floor, and clear errors on bad input.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+import torch
+from conftest import tiny_hf_model
+from scipy import stats as scipy_stats
+
+from weaver.adapter import Weaver, WeaverConfig
+from weaver.drafter import Drafter, DrafterConfig, build_target_layer_ids
+from weaver.generate import generate
+from weaver.models import from_hf_model
+from weaver.sources import make_source
+from weaver.tree import Tree
+from weaver.verify import SamplingParams
+
+FAMILIES = ("llama", "qwen3", "qwen3_next", "qwen3_5_text")
+NEW = 24
+
+
+@pytest.fixture(scope="module")
+def targets() -> dict:
+    torch.manual_seed(0)
+    return {fam: from_hf_model(tiny_hf_model(fam)) for fam in FAMILIES}
+
+
+def _prompt(seed: int = 1, length: int = 12) -> list[int]:
+    g = torch.Generator().manual_seed(seed)
+    base = torch.randint(3, 97, (length,), generator=g).tolist()
+    return base + base[: length // 2]  # a repeat so that prompt lookup finds matches
+
+
+def _drafter_and_adapter(model) -> tuple[Drafter, Weaver]:
+    cfg = model.config
+    dcfg = DrafterConfig(
+        block_size=8,
+        target_layer_ids=build_target_layer_ids(cfg.num_hidden_layers, 1),
+        mask_token_id=0,
+        hidden_size=cfg.hidden_size,
+        num_layers=1,
+        num_heads=4,
+        num_kv_heads=2,
+        head_dim=16,
+        intermediate_size=96,
+        vocab_size=cfg.vocab_size,
+        num_target_layers=cfg.num_hidden_layers,
+    )
+    torch.manual_seed(3)
+    drafter = Drafter(dcfg).eval()
+    adapter = Weaver(
+        WeaverConfig(
+            d_model=cfg.hidden_size,
+            d_embed=cfg.hidden_size,
+            d_rank=32,
+            num_layers=1,
+            num_heads=4,
+            mlp_dim=64,
+            K=16,
+            candidate_pool_size=16,
+        )
+    ).eval()
+    with torch.no_grad():  # a non-zero residual so that Weaver's trees differ from the drafter's marginals
+        adapter.lm_head_query_in.weight.normal_(0, 0.5)
+    return drafter, adapter
+
+
+def _source(method: str, model, drafter=None, adapter=None):
+    if method in ("chain", "ddtree", "weaver", "weaver_chain"):
+        return make_source(method, model, drafter=drafter, adapter=adapter if method.startswith("weaver") else None)
+    return make_source(method, model)
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_greedy_speculation_equals_plain_decoding(targets, family) -> None:
+    model = targets[family]
+    prompt = _prompt()
+    reference = generate(model, prompt, max_new_tokens=NEW).output_ids
+    drafter, adapter = _drafter_and_adapter(model)
+    methods = ("prompt_lookup", "oracle", "random", "chain", "ddtree", "weaver", "weaver_chain")
+    for method in methods:
+        for budget in (0, 1, 4, 16):
+            source = _source(method, model, drafter, adapter)
+            out = generate(model, prompt, source=source, budget=budget, max_new_tokens=NEW)
+            assert out.output_ids == reference, f"{family}/{method}/budget {budget} diverged from greedy decoding"
+            assert len(out.stats.accept_lengths) == out.stats.steps - 1
+
+
+@pytest.mark.parametrize("family", ["llama", "qwen3_next"])
+def test_acceptance_floor_all_accept_and_none_accept(targets, family) -> None:
+    """The oracle (drafter = target) accepts every draft; a random tree accepts (almost) none."""
+    model = targets[family]
+    oracle = generate(model, _prompt(), source=make_source("oracle", model), budget=4, max_new_tokens=NEW)
+    assert oracle.stats.accept_lengths[:-1] == [5] * (len(oracle.stats.accept_lengths) - 1)
+    assert oracle.stats.tau >= 4.0
+    rand = generate(model, _prompt(), source=make_source("random", model), budget=8, max_new_tokens=NEW)
+    assert rand.stats.tau < 1.3
+
+
+def test_eos_inside_accepted_path_ends_generation(targets) -> None:
+    model = targets["llama"]
+    prompt = _prompt()
+    reference = generate(model, prompt, max_new_tokens=NEW).output_ids
+    eos = reference[5]
+    cut = reference[: reference.index(eos) + 1]
+    for budget in (0, 8):
+        source = make_source("oracle", model) if budget else None
+        out = generate(model, prompt, source=source, budget=budget, max_new_tokens=NEW, eos_ids=[eos])
+        assert out.output_ids == cut
+        assert out.stats.hit_eos
+
+
+@pytest.mark.parametrize("mode", ["target_only", "traversal"])
+def test_sampling_matches_target_distribution(targets, mode) -> None:
+    """Joint law of the first two tokens: speculative samples vs the exact autoregressive law (chi-square)."""
+    model = targets["qwen3_next"]
+    prompt = _prompt(seed=4, length=6)
+    params = SamplingParams(temperature=0.7, top_k=3)
+    from weaver.sampling import target_probs
+
+    with torch.no_grad():
+        p1 = target_probs(model(torch.tensor([prompt])).logits[0, -1:].double(), params)[0]
+        exact: dict[tuple[int, int], float] = {}
+        for t1 in p1.nonzero().flatten().tolist():
+            p2 = target_probs(model(torch.tensor([prompt + [t1]])).logits[0, -1:].double(), params)[0]
+            for t2 in p2.nonzero().flatten().tolist():
+                exact[(t1, t2)] = float(p1[t1] * p2[t2])
+    draws = 300
+    counts = dict.fromkeys(exact, 0)
+    for seed in range(draws):
+        out = generate(
+            model, prompt, source=make_source("oracle", model), budget=3, max_new_tokens=2,
+            params=params, mode=mode, seed=seed,
+        )  # fmt: skip
+        counts[tuple(out.output_ids)] += 1  # a KeyError here = a token outside the filtered support
+    cells = sorted(exact)
+    observed = [counts[c] for c in cells]
+    expected = [exact[c] * draws for c in cells]
+    assert scipy_stats.chisquare(observed, expected).pvalue > 1e-3
+
+
+def test_bad_inputs_get_clear_errors(targets) -> None:
+    model = targets["llama"]
+    with pytest.raises(ValueError, match="prompt is empty"):
+        generate(model, [], max_new_tokens=4)
+    with pytest.raises(ValueError, match="exceeds the model's context"):
+        generate(model, [1] * 500, max_new_tokens=100)
+    with pytest.raises(ValueError, match="budget must be >= 0"):
+        generate(model, [1, 2], source=make_source("oracle", model), budget=-1)
+    with pytest.raises(ValueError, match="vocabulary"):
+        generate(model, [1, 2, 500], max_new_tokens=4)
+
+    class OutOfVocab:  # a drafter built for another tokenizer
+        name, hidden_layers = "bad", ()
+
+        def begin(self, prompt_ids, hidden):
+            pass
+
+        def observe(self, tokens, hidden):
+            pass
+
+        def draft(self, root, generator):
+            return None
+
+        def build(self, draft, root, budget, generator):
+            return Tree.chain([root, 1000])
+
+    with pytest.raises(ValueError, match="vocab"):
+        generate(model, [1, 2], source=OutOfVocab(), budget=1, max_new_tokens=4)
+
+
+def test_nan_logits_are_refused() -> None:
+    model = from_hf_model(tiny_hf_model("llama"))
+    with torch.no_grad():
+        model.lm_head.weight[5].fill_(float("nan"))
+    with pytest.raises(ValueError, match="NaN"):
+        generate(model, [1, 2, 3], source=make_source("oracle", model), budget=2, max_new_tokens=4)
+
+
+def test_drafter_vocab_mismatch_is_refused(targets) -> None:
+    model = targets["llama"]
+    drafter, _ = _drafter_and_adapter(targets["qwen3"])
+    drafter.cfg = type(drafter.cfg)(**{**drafter.cfg.__dict__, "vocab_size": 50})
+    with pytest.raises(ValueError, match="vocabulary"):
+        make_source("chain", model, drafter=drafter)
+
+
+@pytest.mark.slow
+def test_smollm2_greedy_speculation_and_cli() -> None:
+    """The real pretrained target: prompt lookup and the oracle reproduce greedy decoding; the CLI prints JSON."""
+    from weaver.models import load_target
+
+    model, tokenizer = load_target("smollm2-135m")
+    prompt = tokenizer.apply_chat_template(
+        [{"role": "user", "content": "Repeat after me: the cat sat on the mat, the cat sat on the mat."}],
+        add_generation_prompt=True,
+        tokenize=True,
+        return_dict=False,
+    )
+    reference = generate(model, prompt, max_new_tokens=20).output_ids
+    for method, budget in (("prompt_lookup", 8), ("oracle", 4)):
+        out = generate(model, prompt, source=make_source(method, model), budget=budget, max_new_tokens=20)
+        assert out.output_ids == reference, method
+        assert out.stats.tau > 1.5, f"{method} accepted nothing: speculation silently disabled?"
+    cli = subprocess.run(
+        [sys.executable, "-m", "weaver.generate", "--prompt", "Repeat after me: the cat sat on the mat, the cat "
+         "sat on the mat.", "--method", "prompt_lookup", "--budget", "8", "--max-new-tokens", "20", "--json"],
+        capture_output=True, text=True, check=True, timeout=300,
+    )  # fmt: skip
+    record = json.loads(cli.stdout)
+    eos = tokenizer.eos_token_id  # the CLI stops at EOS; generate() above was given no EOS
+    assert record["output_ids"] == reference[: reference.index(eos) + 1] if eos in reference else reference
+    assert record["stats"]["tau"] > 1.5 and record["text"]
