@@ -24,6 +24,7 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any
 
+from weaver.backends import BACKENDS
 from weaver.paths import temperature_label
 
 DRAFTER_METHODS = ("chain", "ddtree", "weaver", "weaver_chain")  # need a drafter checkpoint
@@ -51,6 +52,9 @@ class CellConfig:
     adapter: str | None
     out: str
     threads: int | None
+    backend: str = "engine"  # weaver.backends.BACKENDS
+    server_url: str | None = None  # backend "server": base URL of a running SGLang-protocol server
+    port: int = 30000  # backend "sglang": loopback port of the launched server
 
     def key(self) -> dict[str, Any]:
         """The fields every record of this cell carries and resume checks."""
@@ -85,6 +89,8 @@ def check_cell(cell: CellConfig) -> None:
         raise ValueError(f"method {cell.method!r} drafts with a drafter: give --drafter CHECKPOINT_DIR")
     if cell.method in ADAPTER_METHODS and not cell.adapter:
         raise ValueError(f"method {cell.method!r} uses the Weaver adapter: give --adapter CHECKPOINT")
+    if cell.backend == "server" and not cell.server_url:
+        raise ValueError("--backend server needs --server-url http://HOST:PORT (a running SGLang-protocol server)")
 
 
 def read_records(path: Path) -> list[dict[str, Any]]:
@@ -253,6 +259,9 @@ def parse_args(argv: Sequence[str] | None = None) -> CellConfig:
     p.add_argument("--adapter", default=None, help="Weaver adapter checkpoint file (weaver, weaver_chain)")
     p.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's choice)")
     p.add_argument("--out", required=True, help="cell folder: records.jsonl and meta.json are written there")
+    p.add_argument("--backend", default="engine", choices=BACKENDS, help="engine (in process), server, or sglang")
+    p.add_argument("--server-url", default=None, help="backend server: base URL, e.g. http://127.0.0.1:30000")
+    p.add_argument("--port", type=int, default=30000, help="backend sglang: loopback port of the launched server")
     a = p.parse_args(argv)
     cell = CellConfig(
         model=a.model,
@@ -269,9 +278,68 @@ def parse_args(argv: Sequence[str] | None = None) -> CellConfig:
         adapter=a.adapter,
         out=a.out,
         threads=a.threads,
+        backend=a.backend,
+        server_url=a.server_url,
+        port=a.port,
     )
     check_cell(cell)
     return cell
+
+
+def make_backend(cell: CellConfig, model: Any = None, tokenizer: Any = None):
+    """The cell's backend (weaver.backends), not yet entered; `model`/`tokenizer` are reused by the engine."""
+    from weaver.backends.http import ServerClient, ServerProcess
+
+    sampling = {"temperature": cell.temperature, "max_new_tokens": cell.max_new_tokens, "seed": cell.seed}
+    if cell.backend == "engine":
+        from weaver.backends.engine import Engine, EngineBackend, EngineConfig
+
+        config = EngineConfig(cell.model, cell.method, cell.budget, cell.drafter, cell.adapter, cell.mode)
+        return EngineBackend(Engine(config, model, tokenizer), **sampling)
+    if cell.backend == "server":
+        return ServerClient(cell.server_url, method=cell.method, **sampling)
+    from weaver.backends.sglang import SglangLaunch, sglang_command
+
+    launch = SglangLaunch(cell.model, cell.method, cell.port, cell.budget, cell.drafter, cell.adapter, cell.mode)
+    url = f"http://{launch.host}:{launch.port}"
+    return _LaunchedServer(
+        ServerProcess(sglang_command(launch), url), ServerClient(url, method=cell.method, **sampling)
+    )
+
+
+class _LaunchedServer:
+    """A launched server and its client as one backend: the server is stopped on exit, also after a failure."""
+
+    name = "sglang"
+
+    def __init__(self, process: Any, client: Any) -> None:
+        self.process, self.client = process, client
+
+    def __enter__(self) -> _LaunchedServer:
+        self.process.__enter__()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.process.__exit__(*exc)
+
+    def run(self, prompt_ids: list[int]) -> dict[str, Any]:
+        try:
+            return self.client.run(prompt_ids)
+        except Exception:
+            self.process.check_alive()  # a dead server is the better error message
+            raise
+
+
+def _tokenizer(model: str) -> Any:
+    """The tokenizer of a registry target or local folder, else of a Hugging Face repo id (SGLang targets)."""
+    from transformers import AutoTokenizer
+
+    from weaver.models import resolve_target
+
+    try:
+        return AutoTokenizer.from_pretrained(resolve_target(model))
+    except (KeyError, FileNotFoundError, ValueError):
+        return AutoTokenizer.from_pretrained(model)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -279,36 +347,19 @@ def main(argv: Sequence[str] | None = None) -> int:
     import torch
 
     from weaver.data import format_prompt, load_prompts
-    from weaver.generate import generate
-    from weaver.models import load_target
-    from weaver.sources import make_source
-    from weaver.verify import SamplingParams
 
     if cell.threads:
         torch.set_num_threads(cell.threads)
-    model, tokenizer = load_target(cell.model)
+    if cell.backend == "engine":
+        from weaver.models import load_target
+
+        model, tokenizer = load_target(cell.model)
+    else:  # the server owns the model; only the tokenizer is needed here
+        model, tokenizer = None, _tokenizer(cell.model)
     drawn = load_prompts(cell.dataset, n=cell.n_prompts, seed=cell.seed)  # the same draw for every method
     prompts = [(p.prompt_id, format_prompt(tokenizer, p)) for p in drawn]
-    options = {k: v for k, v in (("drafter", cell.drafter), ("adapter", cell.adapter)) if v}
-    params = SamplingParams(temperature=cell.temperature)
-    eos = [tokenizer.eos_token_id] if tokenizer.eos_token_id is not None else []
-
-    def run_one(ids: list[int]) -> dict[str, Any]:
-        source = make_source(cell.method, model, **options)  # fresh per prompt: sources keep per-request state
-        result = generate(
-            model,
-            ids,
-            source=source,
-            budget=cell.budget,
-            max_new_tokens=cell.max_new_tokens,
-            params=params,
-            mode=cell.mode,
-            eos_ids=eos,
-            seed=cell.seed,
-        )
-        return result.stats.to_dict()
-
-    summary = run_prompts(cell, prompts, run_one)
+    with make_backend(cell, model, tokenizer) as backend:
+        summary = run_prompts(cell, prompts, backend.run)
     print(f"{cell.out}: {summary.n_records} records ({summary.n_resumed} resumed)", file=sys.stderr)
     return 0
 

@@ -1,0 +1,23 @@
+"""Bench backends: where a grid cell's prompts are decoded (DESIGN.md "Bench backends").
+
+A backend is a context manager with `run(prompt_ids) -> stats` (the keys of GenerationStats.to_dict()):
+- `engine`: our PyTorch engine in this process (weaver.backends.engine);
+- `server`: an already running server speaking SGLang's `/generate` (SGLang, or `python -m weaver.serve`);
+- `sglang`: launches `python -m sglang.launch_server` for the method on loopback, then as `server` (GPU only).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Protocol
+
+BACKENDS = ("engine", "server", "sglang")
+
+
+class Backend(Protocol):
+    name: str
+
+    def __enter__(self) -> Backend: ...
+
+    def __exit__(self, *exc: object) -> None: ...
+
+    def run(self, prompt_ids: list[int]) -> dict[str, Any]: ...

@@ -1,0 +1,102 @@
+"""The in-process backend: our PyTorch engine (`weaver.generate`) with one target loaded once.
+
+`Engine` is shared by the bench, `python -m weaver.serve` and the lm-eval model: it owns the target, the tokenizer,
+the method's drafter / adapter options and the tree budget, and runs one request at a time.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from weaver.bench import ADAPTER_METHODS, DRAFTER_METHODS
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    """What the engine decodes with; request-level settings (temperature, max_new_tokens, seed) come per call."""
+
+    model: str  # registry name or local Hugging Face folder (weaver.models.load_target)
+    method: str = "ar"
+    budget: int = 0
+    drafter: str | None = None
+    adapter: str | None = None
+    mode: str = "target_only"  # sampling verifier at temperature > 0
+
+    def check(self) -> None:
+        if self.method == "ar" and self.budget != 0:
+            raise ValueError(f"method 'ar' drafts nothing: use budget 0, got {self.budget}")
+        if self.method != "ar" and self.budget < 1:
+            raise ValueError(f"method {self.method!r} needs a tree budget >= 1, got {self.budget}")
+        if self.method in DRAFTER_METHODS and not self.drafter:
+            raise ValueError(f"method {self.method!r} drafts with a drafter: give drafter=CHECKPOINT_DIR")
+        if self.method in ADAPTER_METHODS and not self.adapter:
+            raise ValueError(f"method {self.method!r} uses the Weaver adapter: give adapter=CHECKPOINT")
+
+
+class Engine:
+    """One loaded target + method. Not thread-safe: callers serialise requests (the server uses one worker)."""
+
+    def __init__(self, config: EngineConfig, model: Any = None, tokenizer: Any = None) -> None:
+        """Load the target from `config.model`, or use an already loaded `model` (and `tokenizer`, may be None)."""
+        config.check()
+        if model is None:
+            from weaver.models import load_target
+
+            model, tokenizer = load_target(config.model)
+        self.config, self.model, self.tokenizer = config, model, tokenizer
+        self.options = {k: v for k, v in (("drafter", config.drafter), ("adapter", config.adapter)) if v}
+        eos = getattr(tokenizer, "eos_token_id", None)
+        self.eos_ids: tuple[int, ...] = (eos,) if eos is not None else ()
+
+    def generate(
+        self,
+        prompt_ids: Sequence[int],
+        *,
+        max_new_tokens: int,
+        temperature: float = 0.0,
+        top_k: int = 0,
+        top_p: float = 1.0,
+        seed: int = 0,
+        ignore_eos: bool = False,
+    ) -> Any:
+        """Decode one request; returns weaver.generate.GenerationResult. Bad sampling values raise ValueError."""
+        from weaver.generate import generate
+        from weaver.sources import make_source
+        from weaver.verify import SamplingParams
+
+        params = SamplingParams(temperature=temperature, top_k=top_k, top_p=top_p)
+        source = make_source(self.config.method, self.model, **self.options)  # fresh: sources keep request state
+        return generate(
+            self.model,
+            list(prompt_ids),
+            source=source,
+            budget=self.config.budget,
+            max_new_tokens=max_new_tokens,
+            params=params,
+            mode=self.config.mode,
+            eos_ids=() if ignore_eos else self.eos_ids,
+            seed=seed,
+        )
+
+
+class EngineBackend:
+    """Bench backend running each prompt through `Engine` in this process."""
+
+    name = "engine"
+
+    def __init__(self, engine: Engine, *, temperature: float, max_new_tokens: int, seed: int) -> None:
+        self.engine, self.temperature, self.max_new_tokens, self.seed = engine, temperature, max_new_tokens, seed
+
+    def __enter__(self) -> EngineBackend:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        return None
+
+    def run(self, prompt_ids: list[int]) -> dict[str, Any]:
+        result = self.engine.generate(
+            prompt_ids, max_new_tokens=self.max_new_tokens, temperature=self.temperature, seed=self.seed
+        )
+        return result.stats.to_dict()
