@@ -55,6 +55,9 @@ def test_cached_decode_and_multi_token_forwards_match_transformers(family, tiny_
             pieces.append(ours(ids[:, lo:hi], cache=cache).logits)
     assert cache.seq_len == 75
     assert rel_err(torch.cat(pieces, dim=1), ref) < TOL
+    with torch.no_grad():  # a prefill that keeps only the last position's logits (what the engine asks for)
+        last = ours(ids, cache=ours.new_cache(max_seq_len=80, batch_size=2), last_logits_only=True).logits
+    assert last.shape == (2, 1, 97) and rel_err(last, ref[:, -1:]) < TOL
 
 
 @pytest.mark.parametrize("family", ("qwen3_next", "qwen3_5_text"))

@@ -122,7 +122,7 @@ def generate(
 
     start = time.perf_counter()
     prompt = torch.tensor(prompt_ids, dtype=torch.long)
-    out = model(prompt[None], cache=cache, hidden_layers=layers)
+    out = model(prompt[None], cache=cache, hidden_layers=layers, last_logits_only=True)
     tokens = [_sample(out.logits[0, -1], params, generator)]
     ttft = time.perf_counter() - start
     if source is not None:

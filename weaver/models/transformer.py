@@ -89,9 +89,17 @@ class Transformer(nn.Module):
         return Cache(layers, max_seq_len=max_seq_len, max_tree_nodes=max_tree_nodes, batch_size=batch_size)
 
     def forward(
-        self, input_ids: torch.Tensor, cache: Cache | None = None, hidden_layers: Sequence[int] = ()
+        self,
+        input_ids: torch.Tensor,
+        cache: Cache | None = None,
+        hidden_layers: Sequence[int] = (),
+        last_logits_only: bool = False,
     ) -> ModelOutput:
-        """input_ids [B, T] appended after the cache (positions seq_len + arange(T)); cache None = fresh causal pass."""
+        """input_ids [B, T] appended after the cache (positions seq_len + arange(T)); cache None = fresh causal pass.
+
+        last_logits_only: return logits [B, 1, V] of the last position only (a prefill needs no more; the LM head
+        over every prompt position would dominate time to first token).
+        """
         if input_ids.dim() != 2 or input_ids.shape[1] == 0:
             raise ValueError(f"input_ids must be [B, T] with T >= 1, got shape {tuple(input_ids.shape)}")
         self._check_tokens(input_ids)
@@ -114,7 +122,7 @@ class Transformer(nn.Module):
         elif t > self.config.max_position_embeddings:
             raise ValueError(f"{t} tokens exceed the model's context of {self.config.max_position_embeddings}")
         positions = start + torch.arange(t, device=input_ids.device)
-        out = self._run(input_ids, positions, cache, Pass(start, mask, None), hidden_layers)
+        out = self._run(input_ids, positions, cache, Pass(start, mask, None), hidden_layers, last_logits_only)
         if cache is not None:
             cache.seq_len += t
         return out
@@ -166,7 +174,13 @@ class Transformer(nn.Module):
         cache.pending = None
 
     def _run(
-        self, ids: torch.Tensor, positions: torch.Tensor, cache: Cache | None, p: Pass, hidden_layers: Sequence[int]
+        self,
+        ids: torch.Tensor,
+        positions: torch.Tensor,
+        cache: Cache | None,
+        p: Pass,
+        hidden_layers: Sequence[int],
+        last_logits_only: bool = False,
     ) -> ModelOutput:
         """ids [B, T], positions [T] -> logits [B, T, V] (and the requested layers' outputs [B, T, L, d])."""
         last = int(positions.max())
@@ -184,6 +198,8 @@ class Transformer(nn.Module):
             if i in want:
                 kept[i] = h
         hidden = torch.stack([kept[i] for i in hidden_layers], dim=2) if hidden_layers else None
+        if last_logits_only:
+            h = h[:, -1:]
         return ModelOutput(self.lm_head(self.norm(h)), hidden)
 
     def _check_idle(self, cache: Cache) -> None:
