@@ -24,6 +24,23 @@ def snakemake(*argv: str, cwd: Path = ROOT, timeout: int = 300) -> subprocess.Co
     return subprocess.run(cmd, cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout)
 
 
+def _slurm_answers() -> bool:
+    return shutil.which("sbatch") is not None and subprocess.run(["sinfo"], capture_output=True).returncode == 0
+
+
+@pytest.fixture(scope="session")
+def slurm_cluster() -> None:
+    """A one-node SLURM cluster on this machine, started like a test database (workflow/ci/slurm_up.sh)."""
+    if _slurm_answers():
+        return
+    if os.geteuid() != 0:
+        pytest.skip("starting the one-node SLURM cluster needs root (it apt-installs slurm-wlm and munge)")
+    up = subprocess.run(
+        ["bash", str(ROOT / "workflow" / "ci" / "slurm_up.sh")], capture_output=True, text=True, timeout=900
+    )
+    assert up.returncode == 0 and _slurm_answers(), f"workflow/ci/slurm_up.sh failed:\n{up.stdout}\n{up.stderr}"
+
+
 def job_counts(output: str) -> dict[str, int]:
     """The 'Job stats' table of a Snakemake run as {rule: count}."""
     counts: dict[str, int] = {}
@@ -135,10 +152,8 @@ def test_smoke_run_end_to_end(tmp_path: Path) -> None:
 
 
 @pytest.mark.slow
-def test_smoke_run_through_slurm(tmp_path: Path) -> None:
-    """The smoke config via sbatch on a one-node cluster (workflow/ci/slurm_up.sh must have started it)."""
-    if shutil.which("sbatch") is None or subprocess.run(["sinfo"], capture_output=True).returncode != 0:
-        pytest.skip("no running SLURM cluster: run `sudo workflow/ci/slurm_up.sh` first")
+def test_smoke_run_through_slurm(tmp_path: Path, slurm_cluster: None) -> None:
+    """The smoke config via sbatch on a one-node cluster."""
     profile = str(ROOT / "profiles" / "slurm")
     config = str(ROOT / "config" / "smoke.yaml")
     run = snakemake("--profile", profile, "--configfile", config, "--directory", str(tmp_path), timeout=900)
@@ -147,10 +162,8 @@ def test_smoke_run_through_slurm(tmp_path: Path) -> None:
 
 
 @pytest.mark.slow
-def test_figures_through_slurm(tmp_path: Path) -> None:
-    """The SLURM profile for real (sbatch on the one-node cluster of workflow/ci/slurm_up.sh), on the fixture logs."""
-    if shutil.which("sbatch") is None or subprocess.run(["sinfo"], capture_output=True).returncode != 0:
-        pytest.skip("no running SLURM cluster: run `sudo workflow/ci/slurm_up.sh` first")
+def test_figures_through_slurm(tmp_path: Path, slurm_cluster: None) -> None:
+    """The SLURM profile for real (sbatch on the one-node cluster), on the fixture logs."""
     shutil.copytree(FIXTURES / "results", tmp_path / "results")
     profile = str(ROOT / "profiles" / "slurm")
     run = snakemake("figures", "--profile", profile, "--configfile", str(FIXTURES / "config.yaml"), cwd=tmp_path)
