@@ -98,7 +98,7 @@ class ServerClient:
     ) -> None:
         self.base_url = base_url.rstrip("/")
         self.speculative = method != "ar"
-        self.sampling = {"max_new_tokens": max_new_tokens, "temperature": temperature, "seed": seed}
+        self.sampling = {"max_new_tokens": max_new_tokens, "temperature": temperature, "sampling_seed": seed}
         self.timeout = timeout
 
     def __enter__(self) -> ServerClient:
