@@ -13,8 +13,8 @@ import sys
 
 import pytest
 import torch
-from conftest import tiny_hf_model
 from scipy import stats as scipy_stats
+from tiny_models import tiny_hf_model
 
 from weaver.adapter import Weaver, WeaverConfig
 from weaver.drafter import Drafter, DrafterConfig, build_target_layer_ids

@@ -12,7 +12,7 @@ import json
 
 import pytest
 import torch
-from conftest import TINY_FAMILIES, tiny_hf_config, tiny_hf_model
+from tiny_models import TINY_FAMILIES, tiny_hf_config, tiny_hf_model
 
 from weaver.models import (
     ModelConfig,
