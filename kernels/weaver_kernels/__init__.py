@@ -19,6 +19,7 @@ from weaver_kernels.gdn_tree import (
     gdn_tree_verify_ref,
 )
 from weaver_kernels.tree_attention import tree_attention_ref
+from weaver_kernels.weaver_step import weaver_step_attention_ref, weaver_step_scores_ref
 
 
 def gdn_tree_verify(q, k, v, g, beta, parents, initial_state) -> torch.Tensor:
@@ -46,6 +47,16 @@ def tree_attention(q, k, v, k_prefix, v_prefix, parents, scale=None) -> torch.Te
     return call("tree_attention", (3, 3, 3, 3, 3, 1, None), q, k, v, k_prefix, v_prefix, parents, scale)
 
 
+def weaver_step_attention(q, ctx_k, ctx_v, node_k, node_v, slots, scale=None) -> torch.Tensor:
+    """Weaver step: new nodes over context + their node slots; shapes as weaver_step_attention_ref. [W, HQ, Dh]."""
+    return call("weaver_step_attention", (3, 3, 3, 3, 3, 2, None), q, ctx_k, ctx_v, node_k, node_v, slots, scale)
+
+
+def weaver_step_scores(query, table, pool_ids, pool_logits) -> torch.Tensor:
+    """Weaver step: pool logits s(c) + table[c] . query; shapes as weaver_step_scores_ref. Returns [W, K]."""
+    return call("weaver_step_scores", (2, None, 2, 2), query, table, pool_ids, pool_logits)
+
+
 __all__ = [
     "gdn_recurrent_ref",
     "gdn_tree_commit",
@@ -61,4 +72,8 @@ __all__ = [
     "tree_attention",
     "tree_attention_ref",
     "use_backend",
+    "weaver_step_attention",
+    "weaver_step_attention_ref",
+    "weaver_step_scores",
+    "weaver_step_scores_ref",
 ]

@@ -41,6 +41,14 @@ IMPLS: dict[str, dict[str, str]] = {
         "ref": "weaver_kernels.tree_attention.naive:tree_attention_ref",
         "triton": "weaver_kernels.tree_attention.fused:tree_attention_triton",
     },
+    "weaver_step_attention": {
+        "ref": "weaver_kernels.weaver_step.naive:weaver_step_attention_ref",
+        "triton": "weaver_kernels.weaver_step.fused:weaver_step_attention_triton",
+    },
+    "weaver_step_scores": {
+        "ref": "weaver_kernels.weaver_step.naive:weaver_step_scores_ref",
+        "triton": "weaver_kernels.weaver_step.fused:weaver_step_scores_triton",
+    },
 }
 
 _forced: contextvars.ContextVar[str | None] = contextvars.ContextVar("weaver_kernels_backend", default=None)
