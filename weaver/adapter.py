@@ -19,6 +19,7 @@ from pathlib import Path
 
 import torch
 import torch.nn.functional as F
+import weaver_kernels
 from torch import nn
 
 ENCODER_GLOBAL_PROMPT = 3  # the authors' encoder_mode: context = [target final hidden, drafter hidden per depth]
@@ -134,10 +135,7 @@ class AdapterBlock(nn.Module):
             x: [R, S, d_rank]; k, v: [R, S, H, hd] (k rotated) for later tokens to attend to.
         """
         rows, steps, d_rank = x.shape
-        qkv = self.qkv_proj(self.norm_attn(x)).view(rows, steps, 3, self.num_heads, self.head_dim)
-        q, k, v = qkv.unbind(dim=2)
-        q = apply_rope(q, positions, self.rope_base)
-        k = apply_rope(k, positions, self.rope_base)
+        q, k, v = self.project(x, positions)
         keys = torch.cat([mem_k, k], dim=1)
         values = torch.cat([mem_v, v], dim=1)
         mask = torch.cat([mem_mask, self_mask.expand(rows, steps, steps)], dim=2)  # [R, S, P + S]
@@ -145,9 +143,48 @@ class AdapterBlock(nn.Module):
         scores = scores.masked_fill(~mask[:, None], float("-inf"))
         attn = torch.softmax(scores, dim=-1).to(x.dtype)
         y = torch.einsum("rhst,rthd->rshd", attn, values).reshape(rows, steps, d_rank)
+        return self.finish(x, y), k, v
+
+    def project(self, x: torch.Tensor, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """x: [R, S, d_rank]; positions: [R, S] -> q, k (rotated), v: [R, S, H, hd]."""
+        rows, steps, _ = x.shape
+        q, k, v = self.qkv_proj(self.norm_attn(x)).view(rows, steps, 3, self.num_heads, self.head_dim).unbind(dim=2)
+        return apply_rope(q, positions, self.rope_base), apply_rope(k, positions, self.rope_base), v
+
+    def finish(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        """Attention residual and SwiGLU MLP. x, y (attention output, heads merged): [..., d_rank] -> [..., d_rank]."""
         x = x + self.o_proj(y)
         gate, up = self.gate_up_proj(self.norm_mlp(x)).chunk(2, dim=-1)
-        return x + self.down_proj(F.silu(gate) * up), k, v
+        return x + self.down_proj(F.silu(gate) * up)
+
+    def step(
+        self,
+        x: torch.Tensor,
+        positions: torch.Tensor,
+        ctx_k: torch.Tensor,
+        ctx_v: torch.Tensor,
+        node_k: torch.Tensor,
+        node_v: torch.Tensor,
+        new_slots: torch.Tensor,
+        seen_slots: torch.Tensor,
+    ) -> torch.Tensor:
+        """One block over W new tree nodes through the `weaver_kernels` step (METHOD.md section 3).
+
+        Args:
+            x: [W, d_rank] node inputs; positions: [W] = depth + 1.
+            ctx_k, ctx_v: [C, H, hd] this layer's context K/V.
+            node_k, node_v: [M, H, hd] this layer's node cache; the new nodes' K/V are written at new_slots [W].
+            seen_slots: [W, A] int64 slots each node attends to besides the context (proper ancestors and
+                itself), -1 = padding.
+
+        Returns:
+            x: [W, d_rank].
+        """
+        q, k, v = (t[:, 0] for t in self.project(x[:, None], positions[:, None]))
+        node_k[new_slots] = k
+        node_v[new_slots] = v
+        y = weaver_kernels.weaver_step_attention(q, ctx_k, ctx_v, node_k, node_v, seen_slots)
+        return self.finish(x, y.reshape(x.shape))
 
 
 @dataclass(frozen=True)
@@ -321,6 +358,51 @@ class Weaver(nn.Module):
             keys.append(k)
             values.append(v)
         return x, torch.stack(keys), torch.stack(values)
+
+    @torch.no_grad()
+    def step(
+        self,
+        x: torch.Tensor,
+        depths: torch.Tensor,
+        context: ContextKV,
+        node_keys: torch.Tensor,
+        node_values: torch.Tensor,
+        new_slots: torch.Tensor,
+        seen_slots: torch.Tensor,
+    ) -> torch.Tensor:
+        """Expand W tree nodes at once: the fast twin of `forward_tokens` for one token per node (tree building).
+
+        Args:
+            x: [W, d_rank] node inputs (rows of AdapterTables.token); depths: [W] node depths (RoPE at depth + 1).
+            context: K/V [L, 1, 1 + D, H, hd] of the draft block's context (one row).
+            node_keys, node_values: [L, M, H, hd] node cache; the new nodes' K/V are written at new_slots [W].
+            seen_slots: [W, A] int64 node slots each node attends to (proper ancestors and itself), -1 = padding.
+
+        Returns:
+            h: [W, d_rank] final hidden (before out_norm); score it with `pool_scores`.
+        """
+        if context.keys.shape[1] != 1:
+            raise ValueError(f"step expands nodes of one draft block: context rows must be 1, got {context.keys.shape}")
+        positions = depths + 1
+        for i, block in enumerate(self.blocks):
+            x = block.step(
+                x,
+                positions,
+                context.keys[i, 0],
+                context.values[i, 0],
+                node_keys[i],
+                node_values[i],
+                new_slots,
+                seen_slots,
+            )
+        return x
+
+    def pool_scores(
+        self, h: torch.Tensor, tables: AdapterTables, pool_ids: torch.Tensor, pool_scores: torch.Tensor
+    ) -> torch.Tensor:
+        """Table path through the `weaver_kernels` step. h: [W, d_rank]; pool_ids (-1 = padding), pool_scores:
+        [W, K] -> logits [W, K] = s(c) + residual[c] . out_norm(h), -inf at padding; gathers K table rows per node."""
+        return weaver_kernels.weaver_step_scores(self.out_norm(h), tables.residual, pool_ids, pool_scores)
 
     def pool_logits_from_tables(self, h: torch.Tensor, scores: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
         """Table path. h: [R, d_rank]; scores: [R, K]; weights: [R, K, d_rank] -> logits [R, K] (-inf at padding)."""
