@@ -5,6 +5,10 @@
 On CPU both sides run their PyTorch paths (report the ratio); on CUDA they run the Triton kernels (and the CUDA C++
 extension for the fused solve when it is built). Batch 1; trees are random topological trees of N nodes (node 0 = the
 first new token). Paper (B200, bf16, Qwen3.6-27B layout): N=128: 408.3 vs 57.3 us (7.1x), METHOD.md section 7.
+
+Layout `weaver-step` times one batched Weaver step (METHOD.md section 3: indexed attention of w = ceil(N / 16) nodes
+per layer plus the pool scoring) at the paper's adapter width; its per_branch_us column is the PyTorch reference and
+fused_us the dispatched path (the same reference on CPU, Triton on CUDA).
 """
 
 from __future__ import annotations
@@ -29,6 +33,10 @@ LAYOUTS = {
     "qwen3-next-80b": (16, 32, 128, 128),
     "small-hybrid": (4, 8, 64, 64),
 }
+# the adapter's step: (d_rank, heads, pool size K, depth D); the residual table has STEP_VOCAB rows (its size only
+# matters for memory, each node gathers K of them)
+WEAVER_STEP = {"weaver-step": (2048, 16, 512, 15)}
+STEP_VOCAB = 8192
 
 
 @dataclass(frozen=True)
@@ -57,6 +65,22 @@ def make_inputs(layout: str, n: int, device: torch.device, dtype: torch.dtype, s
     return tuple(x.to(device, dtype) for x in (q, k, v, g, beta)) + (parents.to(device), s0.to(device, dtype))
 
 
+def make_step_inputs(n: int, device: torch.device, dtype: torch.dtype, seed: int) -> tuple[tuple, tuple]:
+    """Random inputs of one Weaver step on a tree of n nodes: (attention args, scoring args), w = ceil(n / 16) nodes,
+    each seeing the 1 + D context tokens and up to D + 1 node slots (a full-depth path)."""
+    d_rank, heads, pool, depth = WEAVER_STEP["weaver-step"]
+    gen = torch.Generator().manual_seed(seed)
+    w, dh = -(-n // 16), d_rank // heads
+    q = torch.randn(w, heads, dh, generator=gen)
+    ctx_k, ctx_v = (torch.randn(1 + depth, heads, dh, generator=gen) for _ in range(2))
+    node_k, node_v = (torch.randn(n, heads, dh, generator=gen) for _ in range(2))
+    slots = torch.randint(0, n, (w, min(n, depth + 1)), generator=gen)
+    query, table = torch.randn(w, d_rank, generator=gen), torch.randn(STEP_VOCAB, d_rank, generator=gen)
+    ids, logits = torch.randint(0, STEP_VOCAB, (w, pool), generator=gen), torch.randn(w, pool, generator=gen)
+    attention = tuple(x.to(device, dtype) for x in (q, ctx_k, ctx_v, node_k, node_v)) + (slots.to(device),)
+    return attention, (query.to(device, dtype), table.to(device, dtype), ids.to(device), logits.to(device))
+
+
 def time_us(fn: Callable[[], object], device: torch.device, repeats: int) -> float:
     """Median wall time of fn in microseconds (after one warm-up call; CUDA timed with events)."""
     fn()
@@ -76,7 +100,26 @@ def time_us(fn: Callable[[], object], device: torch.device, repeats: int) -> flo
     return statistics.median(samples)
 
 
+def measure_step(n: int, device: torch.device, dtype: torch.dtype, backend: str, repeats: int) -> Row:
+    """One Weaver step (attention of one layer + pool scoring): the reference vs the dispatched path."""
+    attention, scores = make_step_inputs(n, device, dtype, seed=n)
+
+    def step() -> None:
+        wk.weaver_step_attention(*attention)
+        wk.weaver_step_scores(*scores)
+
+    with wk.use_backend("ref"):
+        ref = time_us(step, device, repeats)
+    with wk.use_backend(backend):
+        fast = time_us(step, device, repeats)
+        used = wk.resolve("weaver_step_attention", device)
+    dt = str(dtype).removeprefix("torch.")
+    return Row("weaver-step", n, device.type, used, dt, round(ref, 1), round(fast, 1), round(ref / fast, 2))
+
+
 def measure(layout: str, n: int, device: torch.device, dtype: torch.dtype, backend: str, repeats: int) -> Row:
+    if layout in WEAVER_STEP:
+        return measure_step(n, device, dtype, backend, repeats)
     args = make_inputs(layout, n, device, dtype, seed=n)
     with wk.use_backend(backend):
         per_branch = time_us(lambda: wk.gdn_tree_verify_per_branch(*args), device, repeats)
@@ -105,7 +148,13 @@ def write(rows: list[Row], out: Path) -> None:
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu", help="cpu or cuda")
-    parser.add_argument("--layouts", nargs="+", default=list(LAYOUTS), choices=list(LAYOUTS), help="head layouts")
+    parser.add_argument(
+        "--layouts",
+        nargs="+",
+        default=[*LAYOUTS, *WEAVER_STEP],
+        choices=[*LAYOUTS, *WEAVER_STEP],
+        help="GDN head layouts, and weaver-step (the adapter's step at the paper's width)",
+    )
     parser.add_argument("--n", nargs="+", type=int, default=[16, 32, 64, 128], help="verify widths N (tree nodes)")
     parser.add_argument("--dtype", default=None, help="float32 or bfloat16 (default: bf16 on cuda, fp32 on cpu)")
     parser.add_argument(

@@ -4,6 +4,8 @@ entries, W = 1 and W > 1, a single context token, nodes without ancestors, GQA r
 
 from __future__ import annotations
 
+import csv
+
 import pytest
 import torch
 import weaver_kernels as wk
@@ -153,3 +155,12 @@ def test_bad_shapes_name_the_problem():
         wk.weaver_step_scores_ref(query, table[:, :5], ids, logits)
     with pytest.raises(ValueError, match="pool_ids must be int64"):
         wk.weaver_step_scores_ref(query, table, ids.int(), logits)
+
+
+def test_bench_has_a_weaver_step_row(tmp_path):
+    from weaver_kernels import bench
+
+    bench.main(["--device", "cpu", "--layouts", "weaver-step", "--n", "17", "--repeats", "1", "--out", str(tmp_path)])
+    (row,) = csv.DictReader((tmp_path / "kernel_table.csv").open())
+    assert (row["layout"], row["n"], row["backend"]) == ("weaver-step", "17", "ref")
+    assert float(row["per_branch_us"]) > 0 and float(row["fused_us"]) > 0
