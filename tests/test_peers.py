@@ -1,0 +1,81 @@
+"""weaver.peers: transformers and dflash reference peers on the same target, rows for the peers table."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+from conftest import tiny_hf_model
+from test_drafter import tiny_config
+
+from weaver.backends.engine import Engine, EngineConfig
+from weaver.drafter import Drafter, save_drafter
+from weaver.models import from_hf_model
+from weaver.peers import load_dflash_drafter, main, run_dflash_reference, run_ours, run_transformers
+
+PROMPT = [5, 17, 3, 42, 8, 9, 5, 17, 3, 42, 8, 9, 5, 17]
+
+
+@pytest.fixture(scope="module")
+def target():
+    """A tiny llama (the SmolLM2 family) matching the tiny drafter config: 6 layers, width 32, vocab 97."""
+    torch.manual_seed(1)
+    hf = tiny_hf_model("llama", num_hidden_layers=6, hidden_size=32, head_dim=8, intermediate_size=48)
+    return hf, from_hf_model(hf)
+
+
+@pytest.fixture(scope="module")
+def drafter_dir(tmp_path_factory) -> Path:
+    torch.manual_seed(2)
+    path = tmp_path_factory.mktemp("drafter")
+    save_drafter(Drafter(tiny_config()).eval(), path)
+    return path
+
+
+def test_dflash_reference_loop_drives_our_drafter(target, drafter_dir) -> None:
+    """z-lab's loop loads our z-lab-format drafter and, like our chain at the same block, is lossless."""
+    hf, model = target
+    dflash_model = load_dflash_drafter(drafter_dir)
+    reference = run_dflash_reference(dflash_model, hf, PROMPT, 16, None)
+    ar = run_ours(Engine(EngineConfig("tiny"), model), PROMPT, 16)
+    chain = run_ours(Engine(EngineConfig("tiny", "chain", 4, drafter=str(drafter_dir)), model), PROMPT, 16)
+    assert reference.output_ids == ar.output_ids == chain.output_ids
+    assert reference.steps == chain.steps <= ar.steps == 16  # same drafts (argmax of the block) => same rounds
+
+
+def test_transformers_peers_count_forwards(target) -> None:
+    hf, model = target
+    plain = run_transformers(hf, PROMPT, 12, None)
+    lookup = run_transformers(hf, PROMPT, 12, None, lookup=4)
+    assert plain.output_ids == lookup.output_ids == run_ours(Engine(EngineConfig("tiny"), model), PROMPT, 12).output_ids
+    assert plain.steps == 12  # one forward per token, prefill included
+    assert lookup.steps <= plain.steps
+
+
+def test_main_writes_one_row_per_peer_and_prompt(tmp_path: Path) -> None:
+    out = tmp_path / "peers.jsonl"
+    peers = "transformers_ar,transformers_prompt_lookup,ar,prompt_lookup"
+    argv = ["--dataset", "humaneval", "--n-prompts", "1", "--max-new-tokens", "12", "--budget", "8"]
+    main([*argv, "--peers", peers, "--warmup-tokens", "2", "--threads", "1", "--out", str(out)])
+    rows = [json.loads(line) for line in out.read_text().splitlines()]
+    assert [r["peer"] for r in rows] == peers.split(",")
+    assert all(r["same_output"] for r in rows)  # greedy everywhere: the same tokens
+    by_peer = {r["peer"]: r for r in rows}
+    assert by_peer["ar"]["tau"] == by_peer["transformers_ar"]["tau"] == 1.0
+    assert by_peer["prompt_lookup"]["tau"] >= 1.0 and by_peer["ar"]["model"] == "smollm2-135m"
+
+
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["--peers", "chain"], "--drafter"),
+        (["--peers", "nope"], "unknown peers"),
+        (["--peers", "weaver", "--drafter", "d"], "--adapter"),
+    ],
+)
+def test_bad_arguments(argv: list[str], message: str, capsys) -> None:
+    with pytest.raises(SystemExit):
+        main(["--dataset", "humaneval", "--out", "x.jsonl", *argv])
+    assert message in capsys.readouterr().err
