@@ -30,6 +30,8 @@ from weaver.training.features import (
     TrainingSequence,
     compute_features,
     read_token_jsonl,
+    regenerate,
+    write_token_jsonl,
 )
 from weaver.training.losses import argmax_cross_entropy, position_decay, sparse_kl
 
@@ -179,6 +181,27 @@ def test_read_token_jsonl(tmp_path):
     path.write_text('{"text": "hello"}\n')
     with pytest.raises(ValueError, match="token ids"):
         read_token_jsonl(path)
+
+
+def test_regenerate_greedy_equals_full_recompute_and_stops_at_eos(tmp_path):
+    """Batched cached decoding of equal-length prompts == argmax of a fresh full pass per token, per prompt."""
+    model = from_hf_model(tiny_hf_target())
+    prompts = [[5, 6, 7], [9, 3, 2], [4, 4, 4, 4], [8, 1, 2]]
+    got = regenerate(model, prompts, max_new_tokens=6, temperatures=[0.0], eos_id=None, batch_size=2)
+    assert sorted(s.ids[: s.prompt_len] for s in got) == sorted(tuple(p) for p in prompts)
+    for seq in got:
+        ids = list(seq.ids[: seq.prompt_len])
+        for _ in range(6):
+            with torch.no_grad():
+                ids.append(int(model(torch.tensor([ids])).logits[0, -1].argmax()))
+        assert list(seq.ids) == ids
+    eos = got[0].ids[got[0].prompt_len + 1]
+    cut = regenerate(model, [list(got[0].ids[: got[0].prompt_len])], 6, [0.0], eos_id=eos)
+    assert cut[0].ids == got[0].ids[: got[0].ids.index(eos, got[0].prompt_len) + 1]
+    sampled = regenerate(model, prompts, 6, [1.0], eos_id=None, seed=1)
+    assert sampled == regenerate(model, prompts, 6, [1.0], eos_id=None, seed=1)
+    write_token_jsonl(tmp_path / "c.jsonl", got)
+    assert read_token_jsonl(tmp_path / "c.jsonl") == got
 
 
 # ---------------------------------------------------------------- optimisation

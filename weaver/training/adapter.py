@@ -87,16 +87,35 @@ def lk_loss(
     return loss, {"kl": kl, "tv": tv, "acceptance": acceptance, "pool_mass": mass}
 
 
+def teacher_forced_logits(
+    weaver: Weaver,
+    target_hidden: torch.Tensor,
+    proposal_hidden: torch.Tensor,
+    chain: torch.Tensor,
+    pools: CandidatePools,
+    embed_weight: torch.Tensor,
+    lm_head_weight: torch.Tensor,
+) -> torch.Tensor:
+    """Pool logits [R, D, K] of Weaver walking the chains [R, D] (node at depth d scores the pool of depth d + 1).
+
+    target_hidden [R, d_model], proposal_hidden [R, D, d_model]; pools hold ids / scores [R, D, K].
+    """
+    context = weaver.encode_context(target_hidden, proposal_hidden)
+    rows, depth = chain.shape
+    x = weaver.token_in(weaver.embed_norm(embed_weight[chain]))
+    positions = torch.arange(1, depth + 1).expand(rows, depth)  # node at depth d sits at RoPE position d + 1
+    h, _, _ = weaver.forward_tokens(x, positions, context)
+    return weaver.pool_logits(h, pools, lm_head_weight)
+
+
 def adapter_loss(
     weaver: Weaver, batch: AdapterBatch, embed_weight: torch.Tensor, lm_head_weight: torch.Tensor, kl_weight: float
 ) -> tuple[torch.Tensor, LossStats]:
     """Teacher-forced forward of the chains (module path, with gradients) and the mean LK loss over valid nodes."""
-    context = weaver.encode_context(batch.target_hidden, batch.proposal_hidden)
-    rows, depth = batch.chain.shape
-    x = weaver.token_in(weaver.embed_norm(embed_weight[batch.chain]))
-    positions = torch.arange(1, depth + 1).expand(rows, depth)  # node at depth d sits at RoPE position d + 1
-    h, _, _ = weaver.forward_tokens(x, positions, context)
-    logits = weaver.pool_logits(h, CandidatePools(batch.pool_ids, batch.pool_scores), lm_head_weight)
+    pools = CandidatePools(batch.pool_ids, batch.pool_scores)
+    logits = teacher_forced_logits(
+        weaver, batch.target_hidden, batch.proposal_hidden, batch.chain, pools, embed_weight, lm_head_weight
+    )
     valid = batch.valid.flatten()
     k = batch.pool_ids.shape[-1]
     per_row, parts = lk_loss(

@@ -26,7 +26,9 @@ from weaver.training.features import (
     TrainingSequence,
     compute_features,
     read_token_jsonl,
+    regenerate,
     tokenize_conversations,
+    write_token_jsonl,
 )
 from weaver.training.losses import argmax_cross_entropy, position_decay, sparse_kl, weighted_mean
 
@@ -241,9 +243,20 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--data",
         default="sharegpt",
-        help="'sharegpt' (weaver.data training split, first exchange of each chat) or a JSONL of token ids "
-        '(one {"ids": [...], "prompt_len": k} or plain list per line)',
+        help="'sharegpt' (weaver.data training split, first exchange of each chat), 'target' (first user turns of "
+        "that split answered by the target itself, the DFlash recipe; cached as FEATURES/completions.jsonl) or a "
+        'JSONL of token ids (one {"ids": [...], "prompt_len": k} or plain list per line)',
     )
+    parser.add_argument("--regen-tokens", type=int, default=128, help="--data target: new tokens per completion")
+    parser.add_argument(
+        "--regen-temperatures",
+        type=float,
+        nargs="+",
+        default=[0.0, 1.0],
+        help="--data target: sampling temperatures cycled over batches (0 = greedy)",
+    )
+    parser.add_argument("--regen-batch", type=int, default=16, help="--data target: prompts decoded together")
+    parser.add_argument("--max-prompt-len", type=int, default=96, help="--data target: longest prompt kept (tokens)")
     parser.add_argument("--features", default=None, help="feature cache folder (default: OUT/features)")
     parser.add_argument("--num-sequences", type=int, default=512, help="training sequences to featurise")
     parser.add_argument("--max-len", type=int, default=384, help="truncate training sequences to this many tokens")
@@ -293,13 +306,43 @@ def drafter_config_for(model: Any, args: argparse.Namespace) -> DrafterConfig:
     )
 
 
-def training_sequences(args: argparse.Namespace, tokenizer: Any) -> list[TrainingSequence]:
-    """Token sequences to featurise, from ShareGPT or a JSONL of token ids."""
-    if args.data != "sharegpt":
-        return read_token_jsonl(args.data)[: args.num_sequences]
+def training_sequences(
+    args: argparse.Namespace, model: Any, tokenizer: Any, features_dir: Path
+) -> list[TrainingSequence]:
+    """Token sequences to featurise: ShareGPT replies, the target's own completions, or a JSONL of token ids."""
     from weaver.data import training_conversations
 
+    if args.data == "target":
+        cached = features_dir / "completions.jsonl"
+        if not cached.exists():
+            features_dir.mkdir(parents=True, exist_ok=True)
+            write_token_jsonl(cached, target_completions(args, model, tokenizer))
+        return read_token_jsonl(cached)[: args.num_sequences]
+    if args.data != "sharegpt":
+        return read_token_jsonl(args.data)[: args.num_sequences]
     return tokenize_conversations(tokenizer, training_conversations("train", limit=args.num_sequences), args.max_len)
+
+
+def target_completions(args: argparse.Namespace, model: Any, tokenizer: Any) -> list[TrainingSequence]:
+    """args.num_sequences target completions of ShareGPT first turns of at most --max-prompt-len tokens.
+
+    Prompts come from the most common lengths first, so that equal-length batches are full (see regenerate).
+    """
+    from weaver.data import Prompt, format_prompt, training_conversations
+
+    by_len: dict[int, list[list[int]]] = {}
+    for messages in training_conversations("train", limit=args.num_sequences * 20):
+        user = next((i for i, m in enumerate(messages) if m["role"] == "user"), None)
+        if user is not None and messages[user]["content"].strip():
+            ids = format_prompt(tokenizer, Prompt("train", "train", (messages[user],)))
+            if len(ids) <= args.max_prompt_len:
+                by_len.setdefault(len(ids), []).append(ids)
+    prompts = [ids for group in sorted(by_len.values(), key=len, reverse=True) for ids in group][: args.num_sequences]
+    if not prompts:
+        raise ValueError(f"no ShareGPT prompt fits --max-prompt-len {args.max_prompt_len}: raise it")
+    temps = args.regen_temperatures
+    print(f"regenerating {len(prompts)} completions of {args.regen_tokens} tokens at temperatures {temps}")
+    return regenerate(model, prompts, args.regen_tokens, temps, tokenizer.eos_token_id, args.regen_batch, args.seed)
 
 
 def main(args: argparse.Namespace) -> None:
@@ -311,7 +354,7 @@ def main(args: argparse.Namespace) -> None:
     cfg = drafter_config_for(model, args)
     spec = FeatureSpec(args.model, cfg.hidden_layers, top_k=args.top_k, shard_size=args.shard_size)
     features_dir = Path(args.features or Path(args.out) / "features")
-    store = compute_features(model, training_sequences(args, tokenizer), features_dir, spec)
+    store = compute_features(model, training_sequences(args, model, tokenizer, features_dir), features_dir, spec)
     train = DrafterTrainConfig(
         steps=args.steps,
         lr=args.lr,

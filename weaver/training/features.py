@@ -178,3 +178,56 @@ def _atomic(target: Path, write) -> None:
     finally:
         if os.path.exists(tmp):
             os.remove(tmp)
+
+
+@torch.no_grad()
+def regenerate(
+    model: Any,
+    prompts: Sequence[Sequence[int]],
+    max_new_tokens: int,
+    temperatures: Sequence[float],
+    eos_id: int | None,
+    batch_size: int = 16,
+    seed: int = 0,
+) -> list[TrainingSequence]:
+    """The target's own completions of `prompts` (the DFlash recipe trains on target-regenerated text, METHOD.md 2).
+
+    Prompts of equal length decode together (the cache holds equal-length sequences, so no padding is needed);
+    batch i uses temperatures[i % len] (0 = greedy). A completion ends after its first EOS or max_new_tokens.
+    """
+    buckets: dict[int, list[Sequence[int]]] = {}
+    for ids in prompts:
+        buckets.setdefault(len(ids), []).append(ids)
+    batches = [group[i : i + batch_size] for group in buckets.values() for i in range(0, len(group), batch_size)]
+    gen = torch.Generator().manual_seed(seed)
+    sequences = []
+    for n, batch in enumerate(batches):
+        new = _decode_batch(model, torch.tensor(batch), max_new_tokens, temperatures[n % len(temperatures)], gen)
+        for ids, completion in zip(batch, new.tolist(), strict=True):
+            if eos_id is not None and eos_id in completion:
+                completion = completion[: completion.index(eos_id) + 1]
+            sequences.append(TrainingSequence(tuple(ids) + tuple(completion), len(ids)))
+    return sequences
+
+
+def _decode_batch(
+    model: Any, ids: torch.Tensor, max_new_tokens: int, temperature: float, gen: torch.Generator
+) -> torch.Tensor:
+    """Completion tokens [B, max_new_tokens] of prompts ids [B, T] (greedy at temperature 0, else sampled)."""
+    cache = model.new_cache(max_seq_len=ids.shape[1] + max_new_tokens, batch_size=ids.shape[0])
+    logits = model(ids, cache=cache, last_logits_only=True).logits[:, -1]
+    out = []
+    for _ in range(max_new_tokens):
+        if temperature == 0:
+            token = logits.argmax(-1)
+        else:
+            token = torch.multinomial(torch.softmax(logits.float() / temperature, -1), 1, generator=gen)[:, 0]
+        out.append(token)
+        logits = model(token[:, None], cache=cache).logits[:, -1]
+    return torch.stack(out, dim=1)
+
+
+def write_token_jsonl(path: str | Path, sequences: Sequence[TrainingSequence]) -> None:
+    """The inverse of read_token_jsonl (one `{"ids", "prompt_len"}` object per line), written atomically."""
+    lines = "".join(json.dumps({"ids": list(s.ids), "prompt_len": s.prompt_len}) + "\n" for s in sequences)
+    _atomic(Path(path), lambda tmp: Path(tmp).write_text(lines))
