@@ -51,7 +51,7 @@ def sharegpt_file(tmp_path_factory):
     return str(path)
 
 
-def test_converted_gdn_layers_start_as_skips_and_attention_keeps_its_shapes(teacher_dir):
+def test_converted_gdn_layers_start_near_skips_and_attention_keeps_its_shapes(teacher_dir):
     teacher, _ = recipe.load_teacher(str(teacher_dir))
     hybrid = recipe.convert(teacher)
     kinds = hybrid.config.layer_types
@@ -63,8 +63,8 @@ def test_converted_gdn_layers_start_as_skips_and_attention_keeps_its_shapes(teac
             lambda m, inp, out, i=i: outputs.__setitem__(i, out[0] if isinstance(out, tuple) else out)
         )
     hybrid(torch.randint(0, len(WORDS), (1, 12)))
-    for i, kind in enumerate(kinds):
-        assert (outputs[i].abs().max() == 0) == (kind == "linear_attention"), f"layer {i} ({kind})"
+    scale = {kind: max(outputs[i].abs().max().item() for i in range(8) if kinds[i] == kind) for kind in set(kinds)}
+    assert 0 < scale["linear_attention"] < 0.2 * scale["full_attention"]  # near a skip, yet with gradients
     gdn, attn = hybrid.model.layers[0].linear_attn, teacher.model.layers[0].self_attn
     q, k, v = gdn.in_proj_qkv.weight.split([16, 16, 32])
     assert torch.equal(q, attn.q_proj.weight.view(4, 8, 32)[::2].flatten(0, 1)) and torch.equal(k, attn.k_proj.weight)
@@ -73,17 +73,41 @@ def test_converted_gdn_layers_start_as_skips_and_attention_keeps_its_shapes(teac
     assert torch.allclose(decay, torch.linspace(*recipe.DECAY_RANGE, 4))
 
 
+def test_qk_norm_calibration_brings_kept_attention_closer_to_the_teacher(teacher_dir):
+    teacher, _ = recipe.load_teacher(str(teacher_dir))
+    hybrid = recipe.convert(teacher)
+    batch = torch.randint(0, len(WORDS), (2, 24), generator=torch.Generator().manual_seed(1))
+
+    def attention_error() -> list[float]:
+        io = recipe.teacher_mixer_io(teacher, batch)
+        rope = hybrid.model.rotary_emb(io[0][0], torch.arange(24)[None])
+        mixers = recipe.mixers(hybrid)
+        return [((mixers[i](io[i][0], rope, None)[0] - io[i][1]).norm() / io[i][1].norm()).item() for i in (3, 7)]
+
+    with torch.no_grad():
+        before = attention_error()
+        recipe.calibrate_qk_norms(hybrid, teacher, batch)
+        after = attention_error()
+    assert all(a < b for a, b in zip(after, before, strict=True)), (before, after)
+
+
 def test_recipe_distils_and_writes_a_loadable_folder(tmp_path, teacher_dir, sharegpt_file):
     parser = argparse.ArgumentParser()
     recipe.add_arguments(parser)
     out = tmp_path / "hybrid"
     args = parser.parse_args(["--out", str(out), "--teacher", str(teacher_dir), "--data", sharegpt_file,
-                              "--steps", "30", "--batch-size", "2", "--seq-len", "32", "--lr", "1e-2",
-                              "--heldout-rows", "2", "--log-every", "100"])  # fmt: skip
+                              "--cpu-minutes", "1", "--max-steps", "20", "--batch-size", "2", "--seq-len", "32",
+                              "--layerwise-lr", "1e-2", "--lr", "3e-3", "--heldout-rows", "2",
+                              "--log-every", "100"])  # fmt: skip
     report = recipe.main(args)
-    assert report.steps == 30 and report.hybrid_kl < 0.7 * report.hybrid_init_kl
-    assert math.isfinite(report.hybrid_ppl) and math.isfinite(report.teacher_ppl)
-    assert json.loads((out / "distill_report.json").read_text())["hybrid_ppl"] == report.hybrid_ppl
+    assert report.layerwise.steps == 20 and report.logits.steps == 20
+    assert report.layerwise.last_loss < report.layerwise.first_loss
+    assert (
+        report.final.kl < report.after_layerwise.kl < report.converted.kl
+        and report.final.kl < 0.8 * report.converted.kl
+    )
+    assert math.isfinite(report.final.hybrid_ppl) and math.isfinite(report.final.teacher_ppl)
+    assert json.loads((out / "distill_report.json").read_text())["final"]["hybrid_ppl"] == report.final.hybrid_ppl
     config = json.loads((out / "config.json").read_text())
     assert config["model_type"] == "qwen3_5_text" and config["layer_types"].count("full_attention") == 2
     loaded = AutoModelForCausalLM.from_pretrained(out, dtype=torch.float32)

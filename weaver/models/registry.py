@@ -11,6 +11,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from pathlib import Path
 
+from weaver.paths import MODEL_DIR
+
 TARGETS: dict[str, Callable[[], Path]] = {}
 
 
@@ -43,3 +45,15 @@ def resolve_target(name_or_path: str | Path) -> Path:
         f"unknown target {str(name_or_path)!r}: not a registered name ({', '.join(sorted(TARGETS)) or 'none'}) "
         "nor a local folder with config.json and *.safetensors"
     )
+
+
+@register_target("smollm2-135m-gdn")
+def smollm2_135m_gdn() -> Path:
+    """The CPU default's 3 GDN : 1 attention hybrid, built by the pipeline (weaver.training.hybrid) into its folder."""
+    folder = Path(MODEL_DIR.format(run="cpu", model="smollm2-135m-gdn"))
+    if not (folder / "config.json").is_file():
+        raise FileNotFoundError(
+            f"the hybrid target is not built yet: {folder} has no config.json; build it from the repository root with "
+            f"`snakemake {folder}` or `python -m weaver.train hybrid --out {folder}`"
+        )
+    return folder

