@@ -138,9 +138,9 @@ def test_table_path_equals_module_path(weaver: Weaver) -> None:
     tables = weaver.tables(embed, lm_head)
     tokens = torch.tensor([3, 17, 52])
     torch.testing.assert_close(tables.token[tokens], weaver.token_in(weaver.embed_norm(embed[tokens])))
-    pools = weaver.pools(torch.randn(DEPTH, V), tables)
+    pools = weaver.pools(torch.randn(DEPTH, V))
     h = torch.randn(DEPTH, D_RANK)
-    fast = weaver.pool_logits_from_tables(h, pools.scores, pools.weights)
+    fast = weaver.pool_scores(h, tables, pools.ids, pools.scores)
     slow = weaver.pool_logits(h, CandidatePools(pools.ids, pools.scores), lm_head)
     torch.testing.assert_close(fast, slow, rtol=1e-4, atol=1e-4)
 

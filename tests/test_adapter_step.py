@@ -1,12 +1,12 @@
 """Weaver.step + Weaver.pool_scores (the `weaver_kernels` step, METHOD.md section 3) == the module path that
-`forward_tokens` + `pool_logits_from_tables` take, for batches of tree nodes with different ancestors."""
+`forward_tokens` + the module path `pool_logits` take, for batches of tree nodes with different ancestors."""
 
 from __future__ import annotations
 
 import pytest
 import torch
 
-from weaver.adapter import ContextKV, Weaver, WeaverConfig
+from weaver.adapter import CandidatePools, ContextKV, Weaver, WeaverConfig
 
 V, D_MODEL, D_RANK, HEADS, MLP, LAYERS, DEPTH, POOL = 61, 24, 32, 4, 40, 2, 5, 9
 
@@ -40,8 +40,9 @@ def module_step(weaver, context, node_keys, node_values, x, depths, ancestors):
 @torch.no_grad()
 def test_step_equals_forward_tokens_over_a_tree(weaver: Weaver) -> None:
     gen = torch.Generator().manual_seed(1)
-    tables = weaver.tables(torch.randn(V, D_MODEL, generator=gen), torch.randn(V, D_MODEL, generator=gen))
-    pools = weaver.pools(torch.randn(DEPTH, V, generator=gen), tables, POOL)
+    lm_head = torch.randn(V, D_MODEL, generator=gen)
+    tables = weaver.tables(torch.randn(V, D_MODEL, generator=gen), lm_head)
+    pools = weaver.pools(torch.randn(DEPTH, V, generator=gen), POOL)
     pools.ids[2, -3:] = -1  # padding entries score -inf on both paths
     pools.scores[2, -3:] = float("-inf")
     context = weaver.encode_context(
@@ -63,7 +64,7 @@ def test_step_equals_forward_tokens_over_a_tree(weaver: Weaver) -> None:
         logits = weaver.pool_scores(h, tables, pools.ids[depths], pools.scores[depths])
         h_ref, k_ref, v_ref = module_step(weaver, context, kv_ref[0], kv_ref[1], x, depths, ancestors)
         kv_ref[0][:, slots], kv_ref[1][:, slots] = k_ref, v_ref
-        expected = weaver.pool_logits_from_tables(h_ref, pools.scores[depths], pools.weights[depths])
+        expected = weaver.pool_logits(h_ref, CandidatePools(pools.ids[depths], pools.scores[depths]), lm_head)
         torch.testing.assert_close(h, h_ref, rtol=1e-5, atol=1e-5)
         torch.testing.assert_close(logits, expected, rtol=1e-5, atol=1e-5)
     torch.testing.assert_close(kv_fast, kv_ref, rtol=1e-6, atol=1e-6)

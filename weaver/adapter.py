@@ -211,13 +211,11 @@ class AdapterTables:
 class CandidatePools:
     """Top-K candidate pools of the drafter's marginals, one per depth d = 1..D.
 
-    ids: [..., D, K] int64 token ids (-1 = padding); scores: [..., D, K] raw drafter logits s_d(c) (-inf at padding);
-    weights: [..., D, K, d_rank] rows of the residual table (tree building only; None in training).
+    ids: [..., D, K] int64 token ids (-1 = padding); scores: [..., D, K] raw drafter logits s_d(c) (-inf at padding).
     """
 
     ids: torch.Tensor
     scores: torch.Tensor
-    weights: torch.Tensor | None = None
 
 
 def candidate_pools(logits: torch.Tensor, pool_size: int) -> CandidatePools:
@@ -292,11 +290,9 @@ class Weaver(nn.Module):
             self.eval(), self.tables(embed_weight, lm_head_weight), pool_size or self.config.candidate_pool_size
         )
 
-    def pools(self, logits: torch.Tensor, tables: AdapterTables, pool_size: int | None = None) -> CandidatePools:
-        """Pools of a draft block's logits [D, V] with their residual-table rows gathered once per block."""
-        pools = candidate_pools(logits, pool_size or self.config.candidate_pool_size)
-        weights = tables.residual[pools.ids.clamp(min=0)]  # [D, K, d_rank]
-        return CandidatePools(ids=pools.ids, scores=pools.scores, weights=weights)
+    def pools(self, logits: torch.Tensor, pool_size: int | None = None) -> CandidatePools:
+        """Candidate pools of a draft block's logits [D, V] (top-K per depth)."""
+        return candidate_pools(logits, pool_size or self.config.candidate_pool_size)
 
     # ------------------------------------------------------------------ context
     def encode_context(self, target_hidden: torch.Tensor, proposal_hidden: torch.Tensor) -> ContextKV:
@@ -403,11 +399,6 @@ class Weaver(nn.Module):
         """Table path through the `weaver_kernels` step. h: [W, d_rank]; pool_ids (-1 = padding), pool_scores:
         [W, K] -> logits [W, K] = s(c) + residual[c] . out_norm(h), -inf at padding; gathers K table rows per node."""
         return weaver_kernels.weaver_step_scores(self.out_norm(h), tables.residual, pool_ids, pool_scores)
-
-    def pool_logits_from_tables(self, h: torch.Tensor, scores: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
-        """Table path. h: [R, d_rank]; scores: [R, K]; weights: [R, K, d_rank] -> logits [R, K] (-inf at padding)."""
-        residual = torch.bmm(weights, self.out_norm(h)[:, :, None]).squeeze(-1)
-        return scores + residual
 
     def pool_logits(self, h: torch.Tensor, pools: CandidatePools, lm_head_weight: torch.Tensor) -> torch.Tensor:
         """Module path (training). h: [..., d_rank]; pools.ids / scores: [..., K]; lm_head_weight: [V, d_model].

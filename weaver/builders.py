@@ -21,7 +21,7 @@ from typing import Protocol
 
 import torch
 
-from weaver.adapter import BoundAdapter, ContextKV
+from weaver.adapter import BoundAdapter
 from weaver.tree import DEFAULT_DEPTH_CAP, Tree
 
 WEAVER_CHILDREN = 8  # children each expanded node publishes to the frontier
@@ -135,7 +135,7 @@ class WeaverSearch:
         self.tables = adapter.tables
         with torch.no_grad():
             self.context = weaver.encode_context(block.target_hidden[None].float(), block.hidden[None].float())
-            self.pools = weaver.pools(block.logits, adapter.tables, adapter.pool_size)
+            self.pools = weaver.pools(block.logits, adapter.pool_size)
         layers, _, _, heads, head_dim = self.context.keys.shape
         self.node_keys = self.context.keys.new_zeros(layers, capacity, heads, head_dim)
         self.node_values = torch.zeros_like(self.node_keys)
@@ -147,32 +147,14 @@ class WeaverSearch:
 
         Each node attends to all 1 + D context tokens, to its proper ancestors' cached K/V, and to itself.
         """
-        w = len(slots)
-        n_anc = max(len(self.ancestors[s]) for s in slots)
-        anc_idx = torch.zeros(w, n_anc, dtype=torch.long)
-        anc_mask = torch.zeros(w, 1, n_anc, dtype=torch.bool)
+        seen = torch.full((len(slots), max(len(self.ancestors[s]) for s in slots) + 1), -1, dtype=torch.long)
         for row, s in enumerate(slots):
-            anc = self.ancestors[s]
-            anc_idx[row, : len(anc)] = torch.tensor(anc, dtype=torch.long)
-            anc_mask[row, 0, : len(anc)] = True
+            seen[row, : len(self.ancestors[s]) + 1] = torch.tensor([*self.ancestors[s], s], dtype=torch.long)
         depth = torch.tensor(depths, dtype=torch.long)
-        x = self.tables.token[torch.tensor(tokens, dtype=torch.long)][:, None]  # [w, 1, d_rank]
-        context = ContextKV(
-            keys=self.context.keys.expand(-1, w, -1, -1, -1), values=self.context.values.expand(-1, w, -1, -1, -1)
-        )
-        h, k, v = self.weaver.forward_tokens(
-            x,
-            (depth + 1)[:, None],
-            context,
-            self.node_keys[:, anc_idx],
-            self.node_values[:, anc_idx],
-            anc_mask,
-            torch.ones(1, 1, dtype=torch.bool),
-        )
-        slot_idx = torch.tensor(slots, dtype=torch.long)
-        self.node_keys[:, slot_idx] = k[:, :, 0]
-        self.node_values[:, slot_idx] = v[:, :, 0]
-        return self.weaver.pool_logits_from_tables(h[:, 0], self.pools.scores[depth], self.pools.weights[depth])
+        x = self.tables.token[torch.tensor(tokens, dtype=torch.long)]  # [w, d_rank]
+        new = torch.tensor(slots, dtype=torch.long)
+        h = self.weaver.step(x, depth, self.context, self.node_keys, self.node_values, new, seen)
+        return self.weaver.pool_scores(h, self.tables, self.pools.ids[depth], self.pools.scores[depth])
 
     def adopt(self, slot: int, parent: int) -> None:
         """Record a new slot's proper ancestors (its parent's ancestors plus its parent)."""
