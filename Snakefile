@@ -17,6 +17,7 @@ include: "workflow/rules/kernels.smk"
 include: "workflow/rules/bench.smk"
 include: "workflow/rules/analyze.smk"
 include: "workflow/rules/figures.smk"
+include: "workflow/rules/peers.smk"  # after figures: `snakemake figures` stays logs-only
 
 
 rule all:

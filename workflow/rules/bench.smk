@@ -41,4 +41,4 @@ rule bench_cell:
         "OMP_NUM_THREADS={threads} python -m weaver.bench --model {params.target} --model-name {wildcards.model} --dataset {wildcards.dataset} "
         "--method {wildcards.method} --budget {wildcards.budget} --temperature {wildcards.temperature} "
         "--n-prompts {params.n_prompts} --max-new-tokens {config[max_new_tokens]} --seed {config[seed]} "
-        "--mode {config[verify_mode]} --threads {threads} {params.checkpoints} --out {params.cell_dir} > {log} 2>&1"
+        "--mode {config[verify_mode]} --backend {config[backend]} --threads {threads} {params.checkpoints} --out {params.cell_dir} > {log} 2>&1"
