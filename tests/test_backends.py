@@ -8,8 +8,8 @@ from dataclasses import replace
 from pathlib import Path
 
 import pytest
-from conftest import tiny_hf_model
 from test_bench import make_cell
+from tiny_models import tiny_hf_model
 
 from weaver.backends.engine import Engine, EngineBackend, EngineConfig
 from weaver.backends.http import ServerClient, ServerError, ServerProcess, stats_from_response

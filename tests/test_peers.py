@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import tiny_hf_model
 from test_drafter import tiny_config
+from tiny_models import tiny_hf_model
 
 from weaver.backends.engine import Engine, EngineConfig
 from weaver.drafter import Drafter, save_drafter
@@ -79,3 +79,26 @@ def test_bad_arguments(argv: list[str], message: str, capsys) -> None:
     with pytest.raises(SystemExit):
         main(["--dataset", "humaneval", "--out", "x.jsonl", *argv])
     assert message in capsys.readouterr().err
+
+
+def test_peers_table_speedup_over_transformers_ar() -> None:
+    import importlib.util
+
+    import pandas as pd
+
+    path = Path(__file__).resolve().parent.parent / "workflow/scripts/peers_table.py"
+    spec = importlib.util.spec_from_file_location("peers_table", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    rows = pd.DataFrame(
+        [
+            {"model": "m", "dataset": d, "peer": p, "new_tokens": 10, "wall_s": w, "tau": t, "same_output": True}
+            for d in ("a", "b")
+            for p, w, t in (("transformers_ar", 2.0, 1.0), ("weaver", 0.5, 3.0), ("ar", 1.0, 1.0))
+        ]
+    )
+    table = module.peers_table(rows).set_index(["dataset", "peer"])
+    assert table.loc[("a", "weaver"), "speedup"] == pytest.approx(4.0)
+    assert table.loc[("macro", "ar"), "speedup"] == pytest.approx(2.0)
+    assert table.loc[("macro", "weaver"), "tau"] == pytest.approx(3.0)
+    assert list(table.loc["a"].index) == ["transformers_ar", "ar", "weaver"]  # the peers' fixed order

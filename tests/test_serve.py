@@ -9,7 +9,7 @@ import urllib.request
 from typing import Any
 
 import pytest
-from conftest import tiny_hf_model
+from tiny_models import tiny_hf_model
 
 from weaver.backends.engine import Engine, EngineConfig
 from weaver.generate import generate
