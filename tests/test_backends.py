@@ -146,3 +146,28 @@ def test_sglang_commands_refuse_what_cannot_run(changes: dict, message: str) -> 
     launch = SglangLaunch(model="m", method="ar", port=1, drafter="d")
     with pytest.raises(ValueError, match=message):
         sglang_command(replace(launch, **changes))
+
+
+def test_our_adapter_checkpoint_has_what_the_fork_reads(tmp_path: Path) -> None:
+    """The file `--speculative-dflash-tfm-path` receives: the fork's DFLASH_TFM worker does `Weaver.load(path)` =
+    torch.load -> `Weaver(**config)` + strict state_dict, then reads these attributes and config values."""
+    import torch
+
+    from weaver.adapter import Weaver, WeaverConfig
+
+    config = WeaverConfig(
+        d_model=32, d_embed=32, d_rank=16, num_layers=1, num_heads=2, mlp_dim=24, K=4, candidate_pool_size=8
+    )
+    path = tmp_path / "adapter.pt"
+    Weaver(config).save(path)
+    checkpoint = torch.load(path, map_location="cpu", weights_only=True)
+    assert set(checkpoint) == {"config", "state_dict"}
+    for key in ("d_rank", "num_layers", "num_heads", "K", "candidate_pool_size"):
+        assert checkpoint["config"][key] == getattr(config, key)
+    state = checkpoint["state_dict"]
+    for name in ("embed_norm.weight", "embed_norm.bias", "token_in.weight", "token_in.bias"):
+        assert name in state
+    assert state["lm_head_query_in.weight"].shape == (32, 16)  # W_lm @ W_lmq: [V, d_model] @ [d_model, d_rank]
+    launch = SglangLaunch(model="m", method="weaver", port=1, budget=8, drafter="d", adapter=str(path))
+    command = sglang_command(launch)
+    assert command[command.index("--speculative-dflash-tfm-path") + 1] == str(path)
