@@ -1,12 +1,12 @@
 """Raw benchmark logs -> tidy CSV tables (METHOD.md section 8).
 
-`python -m weaver.analyze --meta CELL/meta.json ... [--kernels gdn_tree.csv] --out DIR` writes
+`python -m weaver.analyze --meta CELL/meta.json ... [--kernels kernel_table.csv] --out DIR` writes
   requests.csv          one row per prompt (tau = new_tokens / steps, step times summed)
   cells.csv             one row per (model, dataset, method, budget, temperature): tau = mean over requests,
                         throughput = sum new_tokens / sum wall time (prefill included), speedup over the AR cell
   macro.csv             cells averaged over datasets (macro), the paper's headline numbers
   depth_acceptance.csv  per draft depth d: steps that reached d and steps that accepted the draft at d
-  kernels.csv           GDN kernel bench, long format (n, impl, time_us, speedup over per_branch)
+  kernels.csv           GDN kernel bench, long format (layout, n, impl, time_us, speedup over per_branch)
 Speedups are always computed from the AR run on the same host in the same logs, never from copied numbers.
 """
 
@@ -21,7 +21,7 @@ import pandas as pd
 
 CELL = ["model", "dataset", "method", "budget", "temperature"]
 BASELINE = ["host", "model", "dataset", "temperature"]  # what an AR baseline must share with a method cell
-KERNEL_COLUMNS = ("n", "impl", "time_us")
+KERNEL_COLUMNS = ("layout", "n", "device", "backend", "dtype", "per_branch_us", "fused_us")
 
 
 def load_requests(meta_paths: Sequence[Path]) -> pd.DataFrame:
@@ -105,16 +105,21 @@ def depth_acceptance(requests: pd.DataFrame) -> pd.DataFrame:
 
 
 def kernel_table(path: Path) -> pd.DataFrame:
-    """The GDN kernel bench in long form, with each implementation's speedup over per_branch at the same size."""
-    table = pd.read_csv(path)
-    missing = [c for c in KERNEL_COLUMNS if c not in table.columns]
+    """The GDN kernel bench (`python -m weaver_kernels.bench` kernel_table.csv: one row per layout and N with
+    per_branch_us and fused_us) in long form (n, impl, time_us), with each implementation's speedup over per_branch at
+    the same layout and size. The weaver-step rows time another op (reference vs dispatched) and are left out."""
+    wide = pd.read_csv(path)
+    missing = [c for c in KERNEL_COLUMNS if c not in wide.columns]
     if missing:
         raise ValueError(f"{path} lacks columns {missing}: the kernel bench CSV needs {list(KERNEL_COLUMNS)}")
-    keys = [c for c in table.columns if c not in ("impl", "time_us")]
+    wide = wide[~wide["layout"].str.startswith("weaver-step")]
+    keys = ["layout", "n", "device", "backend", "dtype"]
+    table = wide.melt(id_vars=keys, value_vars=["per_branch_us", "fused_us"], var_name="impl", value_name="time_us")
+    table["impl"] = table["impl"].str.removesuffix("_us")
     base = table[table["impl"] == "per_branch"][[*keys, "time_us"]].rename(columns={"time_us": "per_branch_us"})
     table = table.merge(base, on=keys, how="left")
     table["speedup"] = table["per_branch_us"] / table["time_us"]
-    return table.drop(columns="per_branch_us")
+    return table.drop(columns="per_branch_us").sort_values([*keys, "impl"], ignore_index=True)
 
 
 def write_csv(table: pd.DataFrame, path: Path) -> None:
@@ -127,7 +132,7 @@ def write_csv(table: pd.DataFrame, path: Path) -> None:
 def main(argv: Sequence[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m weaver.analyze", description=__doc__.splitlines()[0])
     p.add_argument("--meta", nargs="+", type=Path, required=True, help="meta.json of every finished bench cell")
-    p.add_argument("--kernels", type=Path, default=None, help="GDN kernel bench CSV (columns n, impl, time_us, ...)")
+    p.add_argument("--kernels", type=Path, default=None, help="kernel_table.csv of python -m weaver_kernels.bench")
     p.add_argument("--out", type=Path, required=True, help="folder for the tidy CSV tables")
     args = p.parse_args(argv)
     args.out.mkdir(parents=True, exist_ok=True)

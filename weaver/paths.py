@@ -9,7 +9,7 @@ Every path is relative to the repository root (Snakemake's working directory). P
     results/{run}/adapters/{model}/adapter.pt          Weaver adapter checkpoint
     results/{run}/kernels/build.json                   kernel build report
     results/{run}/raw/bench/{model}/{dataset}/{method}/b{budget}-t{temperature}/{records.jsonl,meta.json}
-    results/{run}/raw/kernels/gdn_tree.csv             GDN kernel bench
+    results/{run}/raw/kernels/kernel_table.csv         GDN kernel bench (python -m weaver_kernels.bench)
     results/{run}/tidy/*.csv                           analysis tables (weaver.analyze)
     results/{run}/logs/{rule}/...log                   one log per job
     figures/{run}/*.{png,pdf,md,tex}                   paper figures and tables
@@ -31,7 +31,7 @@ KERNEL_BUILD = RUN + "/kernels/build.json"
 CELL_DIR = RUN + "/raw/bench/{model}/{dataset}/{method}/b{budget}-t{temperature}"
 RECORDS = CELL_DIR + "/records.jsonl"
 META = CELL_DIR + "/meta.json"  # written last: the completion marker of a cell
-KERNEL_BENCH = RUN + "/raw/kernels/gdn_tree.csv"
+KERNEL_BENCH = RUN + "/raw/kernels/kernel_table.csv"
 TIDY = RUN + "/tidy/{table}.csv"
 LOG = RUN + "/logs/{rule}/{job}.log"
 FIGURE_DIR = FIGURES + "/{run}"

@@ -26,4 +26,4 @@ rule kernel_bench:
     resources:
         gpu=GPUS,
     shell:
-        "python -m weaver_kernels.bench --out {output} {params.extra} > {log} 2>&1"
+        "python -m weaver_kernels.bench --out $(dirname {output}) {params.extra} > {log} 2>&1"
