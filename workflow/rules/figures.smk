@@ -42,14 +42,52 @@ rule tau_vs_budget:
         "../scripts/tau_vs_budget.py"
 
 
+DEPTH_EVAL = paths.RUN + "/raw/depth/{model}.csv"  # teacher-forced per-depth acceptance (python -m weaver.eval_depth)
+
+
+def grid_methods(model):
+    return {method for grid in config["grids"] if model in grid["models"] for method in grid["methods"]}
+
+
+def uses_adapter(model):
+    """Weaver rows only where the grids benchmark Weaver (a model may have a drafter but no adapter to train)."""
+    return bool(grid_methods(model) & {"weaver", "weaver_chain"})
+
+
+DEPTH_MODELS = [m for m in config["models"] if grid_methods(m) & {"chain", "ddtree", "weaver", "weaver_chain"}]
+
+
+rule eval_depth:
+    input:
+        target=lambda wc: target_input(wc.model),
+        drafter=lambda wc: checkpoint_input(wc.model, "drafter"),
+        adapter=lambda wc: checkpoint_input(wc.model, "adapter") if uses_adapter(wc.model) else [],
+    output:
+        DEPTH_EVAL,
+    log:
+        log("eval_depth"),
+    params:
+        target=lambda wc: target_arg(wc.model),
+        drafter=lambda wc: checkpoint_of(wc.model, "drafter"),
+        adapter=lambda wc: f"--adapter {checkpoint_of(wc.model, 'adapter')}" if uses_adapter(wc.model) else "",
+        datasets=" ".join(config["datasets"]),
+        n=min(config["datasets"].values()),
+        temperatures=" ".join(sorted({paths.temperature_label(t) for g in config["grids"] for t in g["temperatures"]})),
+    threads: THREADS
+    resources:
+        gpu=GPUS,
+    shell:
+        "OMP_NUM_THREADS={threads} python -m weaver.eval_depth --model {params.target} --model-name {wildcards.model} "
+        "--drafter {params.drafter} {params.adapter} --dataset {params.datasets} --n-prompts {params.n} "
+        "--max-new-tokens {config[max_new_tokens]} --temperatures {params.temperatures} --seed {config[seed]} "
+        "--threads {threads} --out {output} > {log} 2>&1"
+
+
 rule depth_acceptance:
     input:
-        depth=TIDY["depth_acceptance"],
+        marginals=expand(DEPTH_EVAL, run=RUN, model=DEPTH_MODELS),
     output:
         artifact("depth_acceptance"),
-    params:
-        methods=config["figures"]["depth_methods"],
-        budget=config["figures"]["headline_budget"],
     log:
         paths.LOG.format(run=RUN, rule="figures", job="depth_acceptance"),
     script:
