@@ -73,6 +73,17 @@ def test_converted_gdn_layers_start_near_skips_and_attention_keeps_its_shapes(te
     assert torch.allclose(decay, torch.linspace(*recipe.DECAY_RANGE, 4))
 
 
+def test_gdn_with_one_key_head_per_query_head_copies_every_query_head(teacher_dir):
+    teacher, _ = recipe.load_teacher(str(teacher_dir))
+    gdn, attn = recipe.convert(teacher, key_heads=4).model.layers[0].linear_attn, teacher.model.layers[0].self_attn
+    q, k, v = gdn.in_proj_qkv.weight.split([32, 32, 32])
+    shared_v = attn.v_proj.weight.view(2, 8, 32).repeat_interleave(2, dim=0).flatten(0, 1)  # value head i: GQA group
+    assert torch.equal(q, attn.q_proj.weight) and torch.equal(v, shared_v)
+    assert torch.equal(k[8:16], attn.k_proj.weight[:8]) and torch.equal(k[16:24], attn.k_proj.weight[8:])
+    with pytest.raises(ValueError, match="must divide"):
+        recipe.convert(teacher, key_heads=3)
+
+
 def test_qk_norm_calibration_brings_kept_attention_closer_to_the_teacher(teacher_dir):
     teacher, _ = recipe.load_teacher(str(teacher_dir))
     hybrid = recipe.convert(teacher)

@@ -92,8 +92,9 @@ def load_teacher(path: str | None) -> tuple[torch.nn.Module, object]:
     return model, AutoTokenizer.from_pretrained(**kwargs)
 
 
-def hybrid_config(teacher: dict) -> Qwen3_5TextConfig:
-    """Qwen3.5 text config with the teacher's sizes, full RoPE at its base, GDN heads = its GQA heads."""
+def hybrid_config(teacher: dict, key_heads: int | None = None) -> Qwen3_5TextConfig:
+    """Qwen3.5 text config with the teacher's sizes and full RoPE at its base; GDN value heads = its query heads,
+    GDN key heads = `key_heads` (default: its key/value heads, so value heads share key heads the way GQA does)."""
     n_layers, heads, kv_heads = (
         teacher["num_hidden_layers"],
         teacher["num_attention_heads"],
@@ -116,7 +117,7 @@ def hybrid_config(teacher: dict) -> Qwen3_5TextConfig:
         layer_types=[
             "full_attention" if (i + 1) % ATTENTION_EVERY == 0 else "linear_attention" for i in range(n_layers)
         ],
-        linear_num_key_heads=kv_heads,
+        linear_num_key_heads=key_heads or kv_heads,
         linear_num_value_heads=heads,
         linear_key_head_dim=head_dim,
         linear_value_head_dim=head_dim,
@@ -136,11 +137,14 @@ def copy_gated_attention(dst: torch.nn.Module, src: torch.nn.Module, heads: int,
 
 
 def init_gdn_from_attention(gdn: torch.nn.Module, src: torch.nn.Module, heads: int, kv_heads: int, head_dim: int):
-    """GDN layer from a Llama attention layer: value head j uses key head j // (heads / kv_heads), as in GQA."""
-    group = heads // kv_heads
-    q = src.q_proj.weight.view(heads, head_dim, -1)[::group].flatten(0, 1)  # first query head of each group
+    """GDN layer from a Llama attention layer. Value head i copies attention head i's v (GQA-shared); key head j, which
+    serves value heads j*r..(j+1)*r-1 (r = heads / key heads), copies the query of head j*r and its GQA key."""
+    group, ratio = heads // kv_heads, heads // gdn.num_k_heads
+    firsts = torch.arange(0, heads, ratio)  # first value (= query) head of each key head
+    q = src.q_proj.weight.view(heads, head_dim, -1)[firsts].flatten(0, 1)
+    k = src.k_proj.weight.view(kv_heads, head_dim, -1)[firsts // group].flatten(0, 1)
     v = src.v_proj.weight.view(kv_heads, head_dim, -1).repeat_interleave(group, dim=0).flatten(0, 1)
-    gdn.in_proj_qkv.weight.copy_(torch.cat([q, src.k_proj.weight, v]))
+    gdn.in_proj_qkv.weight.copy_(torch.cat([q, k, v]))
     gdn.out_proj.weight.copy_(src.o_proj.weight)
     gdn.conv1d.weight.zero_()
     gdn.conv1d.weight[:, 0, -1] = 1.0  # pass-through: the window's newest tap only
@@ -154,9 +158,11 @@ def init_gdn_from_attention(gdn: torch.nn.Module, src: torch.nn.Module, heads: i
 
 
 @torch.no_grad()
-def convert(teacher: torch.nn.Module) -> Qwen3_5ForCausalLM:
-    """The hybrid initialised from the teacher (module docstring, step 1-2)."""
-    config = hybrid_config(teacher.config.to_dict())
+def convert(teacher: torch.nn.Module, key_heads: int | None = None) -> Qwen3_5ForCausalLM:
+    """The hybrid initialised from the teacher (module docstring, step 1-2); `key_heads` as in hybrid_config."""
+    config = hybrid_config(teacher.config.to_dict(), key_heads)
+    if config.num_attention_heads % config.linear_num_key_heads:
+        raise ValueError(f"--gdn-key-heads {key_heads} must divide the {config.num_attention_heads} attention heads")
     hybrid = Qwen3_5ForCausalLM(config).float()
     heads, kv_heads, head_dim = config.num_attention_heads, config.num_key_value_heads, config.head_dim
     hybrid.model.embed_tokens.weight.copy_(teacher.model.embed_tokens.weight)
@@ -324,6 +330,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="CPU time (all threads) of both training stages; the lr schedules span it")  # fmt: skip
     parser.add_argument("--layerwise-fraction", type=float, default=0.5,
                         help="share of --cpu-minutes for stage 1 (layer-wise mixer distillation)")  # fmt: skip
+    parser.add_argument("--gdn-key-heads", type=int, default=None,
+                        help="GDN key heads; default: the teacher's key/value heads (GQA-like sharing)")  # fmt: skip
     parser.add_argument("--max-steps", type=int, default=100_000, help="cap on the steps of each stage")
     parser.add_argument("--warmup", type=int, default=10, help="linear warmup steps of each stage")
     parser.add_argument("--batch-size", type=int, default=2, help="sequences per step")
@@ -343,7 +351,7 @@ def main(args: argparse.Namespace) -> DistillReport:
     torch.manual_seed(args.seed)
     teacher, tokenizer = load_teacher(args.teacher)
     teacher.requires_grad_(False)
-    hybrid = convert(teacher)
+    hybrid = convert(teacher, args.gdn_key_heads)
     train = token_rows(tokenizer, training_conversations("train", path=args.data), args.seq_len, args.train_rows)
     heldout = token_rows(tokenizer, training_conversations("heldout", path=args.data), args.seq_len, args.heldout_rows)
     calibrate_qk_norms(hybrid, teacher, train[-args.batch_size :])
