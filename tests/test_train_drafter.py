@@ -20,6 +20,7 @@ from weaver.training.drafter import (
     block_hidden,
     block_loss,
     init_drafter,
+    interleave_full_batches,
     pack_blocks,
     sample_anchors,
     train_drafter,
@@ -202,6 +203,13 @@ def test_regenerate_greedy_equals_full_recompute_and_stops_at_eos(tmp_path):
     assert sampled == regenerate(model, prompts, 6, [1.0], eos_id=None, seed=1)
     write_token_jsonl(tmp_path / "c.jsonl", got)
     assert read_token_jsonl(tmp_path / "c.jsonl") == got
+
+
+def test_regeneration_prompts_come_in_full_equal_length_batches_of_diverse_lengths():
+    by_len = {3: [[3, i] for i in range(5)], 5: [[5, i] for i in range(2)], 4: [[4, i] for i in range(3)]}
+    order = interleave_full_batches(by_len, batch=2)
+    assert sorted(map(tuple, order)) == sorted(tuple(ids) for group in by_len.values() for ids in group)
+    assert [ids[0] for ids in order] == [3, 3, 4, 4, 5, 5, 3, 3, 3, 4]  # one batch per length, then the next round
 
 
 # ---------------------------------------------------------------- optimisation

@@ -323,10 +323,21 @@ def training_sequences(
     return tokenize_conversations(tokenizer, training_conversations("train", limit=args.num_sequences), args.max_len)
 
 
+def interleave_full_batches(by_len: dict[int, list[list[int]]], batch: int) -> list[list[int]]:
+    """Prompts in rounds: round r takes the r-th full batch of every length that has one, shortest length first;
+    the partial remainders come last."""
+    groups = [by_len[n] for n in sorted(by_len)]
+    rounds = max((len(g) // batch for g in groups), default=0)
+    full = [ids for r in range(rounds) for g in groups if r < len(g) // batch for ids in g[r * batch : (r + 1) * batch]]
+    rest = [ids for g in groups for ids in g[len(g) // batch * batch :]]
+    return full + rest
+
+
 def target_completions(args: argparse.Namespace, model: Any, tokenizer: Any) -> list[TrainingSequence]:
     """args.num_sequences target completions of ShareGPT first turns of at most --max-prompt-len tokens.
 
-    Prompts come from the most common lengths first, so that equal-length batches are full (see regenerate).
+    Prompts of equal length decode together (see regenerate), so they are taken in full batches of one length,
+    lengths interleaved (a round over all lengths, then the next batch of each), which keeps prompt lengths diverse.
     """
     from weaver.data import Prompt, format_prompt, training_conversations
 
@@ -337,7 +348,7 @@ def target_completions(args: argparse.Namespace, model: Any, tokenizer: Any) -> 
             ids = format_prompt(tokenizer, Prompt("train", "train", (messages[user],)))
             if len(ids) <= args.max_prompt_len:
                 by_len.setdefault(len(ids), []).append(ids)
-    prompts = [ids for group in sorted(by_len.values(), key=len, reverse=True) for ids in group][: args.num_sequences]
+    prompts = interleave_full_batches(by_len, args.regen_batch)[: args.num_sequences]
     if not prompts:
         raise ValueError(f"no ShareGPT prompt fits --max-prompt-len {args.max_prompt_len}: raise it")
     temps = args.regen_temperatures
