@@ -14,10 +14,10 @@ import sys
 import pytest
 import torch
 from scipy import stats as scipy_stats
-from tiny_models import tiny_hf_model
+from tiny_models import tiny_adapter, tiny_drafter, tiny_hf_model
 
-from weaver.adapter import Weaver, WeaverConfig
-from weaver.drafter import Drafter, DrafterConfig, build_target_layer_ids
+from weaver.adapter import Weaver
+from weaver.drafter import Drafter
 from weaver.generate import generate
 from weaver.models import from_hf_model
 from weaver.sources import make_source
@@ -41,37 +41,7 @@ def _prompt(seed: int = 1, length: int = 12) -> list[int]:
 
 
 def _drafter_and_adapter(model) -> tuple[Drafter, Weaver]:
-    cfg = model.config
-    dcfg = DrafterConfig(
-        block_size=8,
-        target_layer_ids=build_target_layer_ids(cfg.num_hidden_layers, 1),
-        mask_token_id=0,
-        hidden_size=cfg.hidden_size,
-        num_layers=1,
-        num_heads=4,
-        num_kv_heads=2,
-        head_dim=16,
-        intermediate_size=96,
-        vocab_size=cfg.vocab_size,
-        num_target_layers=cfg.num_hidden_layers,
-    )
-    torch.manual_seed(3)
-    drafter = Drafter(dcfg).eval()
-    adapter = Weaver(
-        WeaverConfig(
-            d_model=cfg.hidden_size,
-            d_embed=cfg.hidden_size,
-            d_rank=32,
-            num_layers=1,
-            num_heads=4,
-            mlp_dim=64,
-            K=16,
-            candidate_pool_size=16,
-        )
-    ).eval()
-    with torch.no_grad():  # a non-zero residual so that Weaver's trees differ from the drafter's marginals
-        adapter.lm_head_query_in.weight.normal_(0, 0.5)
-    return drafter, adapter
+    return tiny_drafter(model), tiny_adapter(model)
 
 
 def _source(method: str, model, drafter=None, adapter=None):

@@ -49,3 +49,46 @@ def tiny_hf_model(family: str, **overrides) -> torch.nn.Module:
             if "norm" in name:
                 p.add_(0.1 * torch.randn_like(p))
     return model
+
+
+def tiny_drafter(model, block_size: int = 8, seed: int = 3):
+    """A random one-layer block drafter for `model` (a weaver Transformer), tapping its layers as DFlash does."""
+    from weaver.drafter import Drafter, DrafterConfig, build_target_layer_ids
+
+    cfg = model.config
+    torch.manual_seed(seed)
+    config = DrafterConfig(
+        block_size=block_size,
+        target_layer_ids=build_target_layer_ids(cfg.num_hidden_layers, 1),
+        mask_token_id=0,
+        hidden_size=cfg.hidden_size,
+        num_layers=1,
+        num_heads=4,
+        num_kv_heads=2,
+        head_dim=16,
+        intermediate_size=96,
+        vocab_size=cfg.vocab_size,
+        num_target_layers=cfg.num_hidden_layers,
+    )
+    return Drafter(config).eval()
+
+
+def tiny_adapter(model, pool_size: int = 16, residual: float = 0.5):
+    """A random Weaver adapter for `model`; `residual` > 0 makes its trees differ from the drafter's marginals."""
+    from weaver.adapter import Weaver, WeaverConfig
+
+    cfg = model.config
+    config = WeaverConfig(
+        d_model=cfg.hidden_size,
+        d_embed=cfg.hidden_size,
+        d_rank=32,
+        num_layers=1,
+        num_heads=4,
+        mlp_dim=64,
+        K=pool_size,
+        candidate_pool_size=pool_size,
+    )
+    adapter = Weaver(config).eval()
+    with torch.no_grad():
+        adapter.lm_head_query_in.weight.normal_(0, residual) if residual else adapter.lm_head_query_in.weight.zero_()
+    return adapter

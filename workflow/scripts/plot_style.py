@@ -34,6 +34,28 @@ def methods_in(frame: pd.DataFrame) -> list[str]:
     return [m for m in METHOD_ORDER if m in present]
 
 
+def versus_budget(macro_csv: str, y: str, ylabel: str, sharey: bool = True) -> sns.FacetGrid:
+    """Line plot of `y` vs tree budget per method (colour), model (column) and temperature (row), AR left out."""
+    macro = pd.read_csv(macro_csv)
+    macro = macro[macro["method"] != "ar"]
+    grid = sns.relplot(
+        data=macro,
+        x="budget",
+        y=y,
+        hue="method",
+        hue_order=methods_in(macro),
+        palette=PALETTE,
+        col="model",
+        row="temperature",
+        kind="line",
+        marker="o",
+        height=3,
+        facet_kws={"sharey": sharey},
+    )
+    grid.set(xscale="log", xlabel="tree budget (drafted nodes)", ylabel=ylabel)
+    return grid
+
+
 def save_figure(fig: plt.Figure, outputs: list[str]) -> None:
     """Write one figure to every output path (PNG and PDF)."""
     for path in outputs:

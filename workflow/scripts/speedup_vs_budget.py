@@ -6,31 +6,13 @@ Inputs: results/{run}/tidy/macro.csv. Outputs: figures/{run}/speedup_vs_budget.{
 
 import sys
 
-import pandas as pd
-import seaborn as sns
-
 sys.path.insert(0, snakemake.scriptdir)  # noqa: F821 (injected by Snakemake)
 import plot_style  # noqa: E402
 
 
 def main(smk) -> None:
     plot_style.apply()
-    macro = pd.read_csv(smk.input.macro)
-    macro = macro[macro["method"] != "ar"]
-    grid = sns.relplot(
-        data=macro,
-        x="budget",
-        y="speedup",
-        hue="method",
-        hue_order=plot_style.methods_in(macro),
-        palette=plot_style.PALETTE,
-        col="model",
-        row="temperature",
-        kind="line",
-        marker="o",
-        height=3,
-    )
-    grid.set(xscale="log", xlabel="tree budget (drafted nodes)", ylabel="speedup over AR")
+    grid = plot_style.versus_budget(smk.input.macro, "speedup", "speedup over AR")
     for ax in grid.axes.flat:
         ax.axhline(1.0, color="grey", linestyle="--", linewidth=1)
     plot_style.save_figure(grid.figure, smk.output)
