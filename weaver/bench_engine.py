@@ -10,6 +10,7 @@ that both produced the same tokens.
 from __future__ import annotations
 
 import argparse
+import copy
 import platform
 import statistics
 import time
@@ -33,15 +34,11 @@ PROMPTS = (
 
 def _hf_generate(hf_model, prompt_ids: list[int], max_new_tokens: int) -> tuple[list[int], float]:
     ids = torch.tensor([prompt_ids])
+    config = copy.deepcopy(hf_model.generation_config)
+    # no EOS: both engines run exactly max_new_tokens greedy steps (min_new_tokens would mask EOS and change tokens)
+    config.update(eos_token_id=None, max_new_tokens=max_new_tokens, do_sample=False, pad_token_id=0)
     start = time.perf_counter()
-    out = hf_model.generate(
-        ids,
-        attention_mask=torch.ones_like(ids),
-        max_new_tokens=max_new_tokens,
-        min_new_tokens=max_new_tokens,
-        do_sample=False,
-        pad_token_id=0,
-    )
+    out = hf_model.generate(ids, attention_mask=torch.ones_like(ids), generation_config=config)
     return out[0, len(prompt_ids) :].tolist(), time.perf_counter() - start
 
 
