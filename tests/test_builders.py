@@ -135,6 +135,22 @@ def test_weaver_children_are_top8_of_pool_and_scores_are_cumulative(adapter) -> 
     assert all(a >= b - 1e-5 for a, b in itertools.pairwise(scores))  # width 1: exact best-first pop order
 
 
+@pytest.mark.parametrize("children", [1, 2, 8, 20])
+def test_weaver_fan_out_is_the_bound_children(adapter, children: int) -> None:
+    """No node gets more than `children` children; on flat marginals with no residual, best-first fills the root's
+    fan-out first (every root child scores log 1/K, above any grandchild), so the root gets exactly `children`."""
+    flat = Weaver(adapter.weaver.config)
+    with torch.no_grad():
+        flat.lm_head_query_in.weight.zero_()  # Weaver logits = the drafter's marginal
+    bound = flat.bind(torch.randn(V, D_MODEL), torch.randn(V, D_MODEL), children=children)
+    block = random_block(6, scale=0.0)
+    tree = build_tree("weaver", block, 1, budget=40, adapter=bound, width=1)
+    fan_out = [len(tree.children(i)) for i in range(tree.num_nodes)]
+    assert max(fan_out) <= children and fan_out[0] == children
+    with pytest.raises(ValueError, match="children must be >= 1"):
+        adapter.weaver.bind(torch.randn(V, D_MODEL), torch.randn(V, D_MODEL), children=0)
+
+
 @pytest.mark.parametrize("budget", [16, 40, 64])
 def test_weaver_step_count(budget: int, adapter, monkeypatch) -> None:
     calls = []

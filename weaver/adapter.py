@@ -236,6 +236,7 @@ class BoundAdapter:
     weaver: Weaver
     tables: AdapterTables
     pool_size: int
+    children: int = 8  # fan-out of the weaver builder: top pool children per expanded node (8 in the paper)
 
 
 class Weaver(nn.Module):
@@ -283,12 +284,21 @@ class Weaver(nn.Module):
         return AdapterTables(token=token.contiguous(), residual=residual.contiguous())
 
     def bind(
-        self, embed_weight: torch.Tensor, lm_head_weight: torch.Tensor, pool_size: int | None = None
+        self,
+        embed_weight: torch.Tensor,
+        lm_head_weight: torch.Tensor,
+        pool_size: int | None = None,
+        children: int = 8,
     ) -> BoundAdapter:
-        """Attach a target (embed_tokens.weight, lm_head.weight [V, d_model]) for tree building."""
-        return BoundAdapter(
-            self.eval(), self.tables(embed_weight, lm_head_weight), pool_size or self.config.candidate_pool_size
-        )
+        """Attach a target (embed_tokens.weight, lm_head.weight [V, d_model]) for tree building.
+
+        children: fan-out of the weaver builder (top children published per expanded node; METHOD.md section 4 uses
+        8). A weak drafter spreads the target's mass wide at depth 1, where a larger fan-out lets the tree follow it.
+        """
+        if children < 1:
+            raise ValueError(f"children must be >= 1 (top pool children per expanded node), got {children}")
+        pool = pool_size or self.config.candidate_pool_size
+        return BoundAdapter(self.eval(), self.tables(embed_weight, lm_head_weight), pool, children)
 
     def pools(self, logits: torch.Tensor, pool_size: int | None = None) -> CandidatePools:
         """Candidate pools of a draft block's logits [D, V] (top-K per depth)."""

@@ -24,7 +24,6 @@ import torch
 from weaver.adapter import BoundAdapter
 from weaver.tree import DEFAULT_DEPTH_CAP, Tree
 
-WEAVER_CHILDREN = 8  # children each expanded node publishes to the frontier
 WIDTH_BUDGET_UNIT = 16  # w = ceil(B / 16) nodes per batched Weaver step ...
 MAX_WIDTH = 32  # ... capped at 32
 
@@ -133,6 +132,7 @@ class WeaverSearch:
         weaver = adapter.weaver
         self.weaver = weaver
         self.tables = adapter.tables
+        self.children = adapter.children
         with torch.no_grad():
             self.context = weaver.encode_context(block.target_hidden[None].float(), block.hidden[None].float())
             self.pools = weaver.pools(block.logits, adapter.pool_size)
@@ -225,11 +225,11 @@ def _publish(
     frontier: list[tuple[float, int, int, int, float]],
     tie: itertools.count,
 ) -> None:
-    """One batched Weaver step on `expand`; push each node's top-8 pool children onto the frontier heap."""
+    """One batched Weaver step on `expand`; push each node's top `children` pool entries onto the frontier heap."""
     depths = [nodes.depths[s] for s in expand]
     logits = search.expand(expand, [nodes.tokens[s] for s in expand], depths)
     local = logits - torch.logsumexp(logits, dim=-1, keepdim=True)
-    top_lp, top_idx = local.topk(min(WEAVER_CHILDREN, local.shape[-1]), dim=-1)
+    top_lp, top_idx = local.topk(min(search.children, local.shape[-1]), dim=-1)
     top_ids = search.pools.ids[torch.tensor(depths)].gather(1, top_idx)
     for row, s in enumerate(expand):
         for lp, token in zip(top_lp[row].tolist(), top_ids[row].tolist(), strict=True):

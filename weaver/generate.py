@@ -188,6 +188,7 @@ def _parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     p.add_argument("--seed", type=int, default=0, help="seed of the sampling generator")
     p.add_argument("--drafter", default=None, help="drafter checkpoint folder (drafter-based methods)")
     p.add_argument("--adapter", default=None, help="Weaver adapter checkpoint file (weaver methods)")
+    p.add_argument("--children", type=int, default=8, help="weaver builder fan-out per expanded node (paper: 8)")
     p.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's choice)")
     p.add_argument("--json", action="store_true", help="print one JSON object with output_ids, text and stats")
     return p.parse_args(argv)
@@ -211,6 +212,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         options["drafter"] = args.drafter
     if args.adapter:
         options["adapter"] = args.adapter
+        options["children"] = args.children
     source = make_source(args.method, model, **options)
     params = SamplingParams(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p)
     result = generate(

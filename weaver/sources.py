@@ -217,6 +217,7 @@ class DrafterSource:
         adapter: Any = None,
         depth_cap: int = DEFAULT_DEPTH_CAP,
         pool_size: int | None = None,
+        children: int = 8,
     ) -> None:
         from weaver.adapter import Weaver
         from weaver.builders import BUILDERS
@@ -237,7 +238,9 @@ class DrafterSource:
             if adapter is None:
                 raise ValueError(f"method {method!r} needs a Weaver adapter checkpoint (--adapter PATH)")
             weaver = Weaver.load(adapter) if isinstance(adapter, (str, PathLike)) else adapter
-            self.adapter = weaver.bind(model.embed_tokens.weight, model.lm_head.weight, pool_size=pool_size)
+            self.adapter = weaver.bind(
+                model.embed_tokens.weight, model.lm_head.weight, pool_size=pool_size, children=children
+            )
         self.cache = self.drafter.new_cache()
 
     def begin(self, prompt_ids: torch.Tensor, hidden: torch.Tensor | None) -> None:
