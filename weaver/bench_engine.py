@@ -2,7 +2,9 @@
 
 Same target weights (both loaded from the same checkpoint), same prompts, greedy, fp32, EOS ignored so both produce
 exactly `--max-new-tokens` tokens. Prints a table of tokens/s (wall time including prefill) and the ratio, and checks
-that both produced the same tokens.
+that both produced the same tokens. A third row is the machine's GEMV floor for this model: one matrix-vector product
+with every weight matrix of the model (every nn.Linear, lm_head included), timed in the same run. No fp32 decoder can
+take less time per token than that on this machine, so floor / transformers bounds the ratio any engine can reach.
 
     python -m weaver.bench_engine --model smollm2-135m --prompts 4 --max-new-tokens 128
 """
@@ -42,6 +44,28 @@ def _hf_generate(hf_model, prompt_ids: list[int], max_new_tokens: int) -> tuple[
     return out[0, len(prompt_ids) :].tolist(), time.perf_counter() - start
 
 
+def _linear_weights(model: torch.nn.Module) -> list[torch.Tensor]:
+    """Every distinct nn.Linear weight (a tied lm_head counts once)."""
+    return list({id(m.weight): m.weight for m in model.modules() if isinstance(m, torch.nn.Linear)}.values())
+
+
+def gemv_floor_s(model: torch.nn.Module, repeats: int = 20) -> float:
+    """Seconds for one matrix-vector product with every distinct nn.Linear weight of `model` (median of `repeats`).
+
+    This is the weight-streaming cost of a batch-1 decode step with no attention, norms, sampling or Python overhead.
+    """
+    weights = _linear_weights(model)
+    xs = {w.shape[1]: torch.randn(1, w.shape[1], dtype=w.dtype) for w in weights}
+    times = []
+    with torch.inference_mode():
+        for _ in range(repeats + 2):
+            start = time.perf_counter()
+            for w in weights:
+                torch.nn.functional.linear(xs[w.shape[1]], w)
+            times.append(time.perf_counter() - start)
+    return statistics.median(times[2:])
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m weaver.bench_engine", description=__doc__.splitlines()[0])
     p.add_argument("--model", default="smollm2-135m", help="registry name or local Hugging Face folder")
@@ -75,15 +99,19 @@ def main(argv: Sequence[str] | None = None) -> int:
         theirs.append(len(hf_ids) / hf_s)
         same += hf_ids == res.output_ids
     ours_m, theirs_m = statistics.mean(ours), statistics.mean(theirs)
+    floor = 1.0 / gemv_floor_s(model)
+    n_params = sum(w.numel() for w in _linear_weights(model))
     print(f"machine: {platform.processor() or platform.machine()}, torch threads {torch.get_num_threads()}")
     print(f"model {args.model}, {len(prompts)} prompts x {args.max_new_tokens} new tokens, greedy, fp32\n")
     print("| engine | tokens/s (mean over prompts) |")
     print("|---|---|")
     print(f"| weaver AR (`weaver.generate`) | {ours_m:.1f} |")
     print(f"| transformers `generate` | {theirs_m:.1f} |")
+    print(f"| GEMV floor ({n_params / 1e6:.0f}M weights, one matrix-vector product each) | {floor:.1f} |")
     print(
         f"\nratio weaver / transformers: {ours_m / theirs_m:.2f}x; identical outputs on {same}/{len(prompts)} prompts"
     )
+    print(f"upper bound of any fp32 engine over transformers on this machine: {floor / theirs_m:.2f}x (GEMV floor)")
     return 0
 
 
