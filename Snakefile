@@ -2,6 +2,7 @@
 #   snakemake --cores all                         the CPU mini replication (config/config.yaml)
 #   snakemake --cores all --configfile config/smoke.yaml
 #   snakemake figures --cores 1                   tables and figures from the committed raw logs only
+#   snakemake --report report.html                one HTML page with every figure and table of the last run
 #   snakemake --profile profiles/slurm --configfile config/paper.yaml
 from snakemake.utils import min_version
 
@@ -9,6 +10,9 @@ min_version("9.0")
 
 
 configfile: "config/config.yaml"
+
+
+report: "workflow/report/workflow.rst"
 
 
 include: "workflow/rules/common.smk"

@@ -128,6 +128,12 @@ def test_figures_rebuild_from_committed_logs_without_producing_jobs(tmp_path: Pa
     again = snakemake("figures", "-n", "--configfile", config, cwd=tmp_path)
     assert "Nothing to be done" in again.stdout + again.stderr
 
+    report = snakemake("--report", "report.html", "--configfile", config, cwd=tmp_path)
+    assert report.returncode == 0, report.stdout + report.stderr
+    html = (tmp_path / "report.html").read_text(errors="replace")
+    for name in ("tau_vs_budget.png", "depth_acceptance.png", "table1.md"):
+        assert name in html, f"{name} missing from snakemake --report"
+
 
 def test_environment_yml_matches_pyproject() -> None:
     """conda is not available here: environment.yml must list the same dependencies as pyproject.toml."""

@@ -1,5 +1,6 @@
 # Config validation, wildcard constraints, and the lists of cells and artifacts the other rule files use.
 import itertools
+import os
 import re
 import shlex
 import sys
@@ -84,9 +85,19 @@ if KERNEL_BENCH:
 ARTIFACTS = [str(paths.figure_path(RUN, name, ext)) for name, exts in ARTIFACT_EXTS.items() for ext in exts]
 
 
+REPORT_DIR = os.path.join(workflow.basedir, "workflow", "report")
+
+
 def artifact(name):
-    """The outputs of one figure or table script."""
-    return [str(paths.figure_path(RUN, name, ext)) for ext in ARTIFACT_EXTS[name]]
+    """The outputs of one figure or table script; the PNG and the Markdown table go into `snakemake --report`."""
+    outputs = []
+    for ext in ARTIFACT_EXTS[name]:
+        path = str(paths.figure_path(RUN, name, ext))
+        if ext in ("png", "md"):
+            category = "Figures" if ext == "png" else "Tables"
+            path = report(path, caption=os.path.join(REPORT_DIR, f"{name}.rst"), category=category)
+        outputs.append(path)
+    return outputs
 
 
 wildcard_constraints:

@@ -8,7 +8,7 @@ PEERS_ROWS = (
 )
 if PEERS_ROWS:
     ARTIFACT_EXTS["peers"] = ["md", "tex"]
-    ARTIFACTS.extend(artifact("peers"))
+    ARTIFACTS.extend(str(paths.figure_path(RUN, "peers", ext)) for ext in ARTIFACT_EXTS["peers"])
 
 
 def peers_inputs(wc):
