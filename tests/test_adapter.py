@@ -28,7 +28,12 @@ V, D_MODEL, D_RANK, HEADS, MLP, LAYERS, DEPTH = 53, 24, 32, 4, 40, 2, 5
 
 
 def released_config() -> dict:
-    """The config dict of a released checkpoint: exactly the keys of the authors' `Weaver(**config)`."""
+    """The config dict of a released checkpoint: exactly the keys of the authors' `Weaver(**config)`.
+
+    Keyword arguments of `Weaver.__init__` in trymirai/sglang python/sglang/srt/speculative/dflash_tfm.py at
+    aeac03f0d4c8789559411be95c5c127bdff24d1c (weaver.backends.sglang.FORK_COMMIT); its `Weaver.load` passes the
+    config as `Weaver(**config)`, so a missing or extra key fails there.
+    """
     return {
         "d_model": D_MODEL,
         "d_embed": D_MODEL,
@@ -46,7 +51,8 @@ def released_config() -> dict:
 
 
 def released_state_dict(generator: torch.Generator) -> dict[str, torch.Tensor]:
-    """Parameter names and shapes of the authors' Weaver, written out independently of weaver.adapter."""
+    """Parameter names and shapes of the authors' Weaver, written out independently of weaver.adapter (the fork's
+    `Weaver` / `WeaverBlock` / `WeaverRMSNorm` in dflash_tfm.py at the same commit, loaded with strict=True)."""
     shapes = {
         "output_norm.weight": (D_MODEL,),
         "output_norm.bias": (D_MODEL,),
@@ -97,7 +103,10 @@ def test_released_checkpoint_loads_strict(tmp_path) -> None:
         torch.testing.assert_close(loaded[name], tensor, rtol=0, atol=0)
     model.save(tmp_path / "again.pt")
     again = torch.load(tmp_path / "again.pt", weights_only=True)
-    assert again["config"] == released_config()
+    assert sorted(again) == ["config", "state_dict"]
+    assert list(again["config"].items()) == list(released_config().items())
+    assert [type(v) for v in again["config"].values()] == [type(v) for v in released_config().values()]
+    assert sorted(again["state_dict"]) == sorted(state)
 
 
 def test_checkpoint_errors_name_the_problem(tmp_path) -> None:
@@ -312,6 +321,13 @@ def test_wsd_schedule() -> None:
     lrs = [wsd_lr(s, 100, 1.0, 10, 0.2) for s in range(100)]
     assert lrs[0] == pytest.approx(0.1) and lrs[9] == pytest.approx(1.0) and lrs[50] == 1.0
     assert lrs[85] == pytest.approx(0.75) and lrs[99] == pytest.approx(0.05)
+
+
+def test_new_adapter_writes_the_drafter_depth_as_k() -> None:
+    """The fork drafts min(block_size - 1, K) depths: K is the drafter's D, not the pool size."""
+    weaver = new_adapter(TRAIN_D, TRAIN_D, d_rank=16, num_layers=1, num_heads=2, mlp_dim=24, pool_size=10, depth=7)
+    assert (weaver.config.K, weaver.config.candidate_pool_size) == (7, 10)
+    assert new_adapter(TRAIN_D, TRAIN_D, 16, 1, 2, 24, pool_size=10).config.K == 15  # the paper's block-16 drafters
 
 
 def test_train_writes_a_strict_checkpoint_and_resumes(tmp_path) -> None:

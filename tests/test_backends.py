@@ -114,32 +114,88 @@ def test_launched_serve_runs_a_cell_and_stops(tmp_path: Path) -> None:
     assert 1 <= record["new_tokens"] == record["steps"] and record["tau"] == 1.0  # AR: one token per step
 
 
+def flags(command: list[str]) -> dict[str, str | None]:
+    """--flag -> its value (None for a switch) of a launch_server command."""
+    out: dict[str, str | None] = {}
+    for i, word in enumerate(command):
+        if word.startswith("--"):
+            value = command[i + 1] if i + 1 < len(command) else None
+            out[word] = None if value is None or value.startswith("--") else value
+    return out
+
+
+# The fork's reproduction.sh (trymirai/sglang, serve-ar / serve-dflash / serve-tfm; the flags of serve-tfm are those of
+# python/sglang/srt/server_args.py at FORK_COMMIT aeac03f0d4c8789559411be95c5c127bdff24d1c), minus --revision and
+# --speculative-draft-model-revision (given only when SglangLaunch names revisions) and host / port / model / drafter.
+COMMON = {
+    "--dtype": "bfloat16",
+    "--tp-size": "1",
+    "--max-running-requests": "1",
+    "--cuda-graph-max-bs": "32",
+    "--mem-fraction-static": "0.75",
+    "--page-size": "64",
+    "--disable-radix-cache": None,
+}
+SERVE_AR = COMMON | {"--decode-attention-backend": "trtllm_mha", "--prefill-attention-backend": "flashinfer"}
+SERVE_DFLASH = COMMON | {
+    "--attention-backend": "trtllm_mha",
+    "--speculative-draft-attention-backend": "fa4",
+    "--speculative-algorithm": "DFLASH",
+    "--speculative-dflash-block-size": "16",
+    "--speculative-num-draft-tokens": "16",
+}
+SERVE_TFM = SERVE_AR | {
+    "--speculative-draft-attention-backend": "fa4",
+    "--speculative-algorithm": "DFLASH_TFM",
+    "--speculative-dflash-tfm-tree-budget": "64",
+    "--speculative-gdn-verify-kernel": "chunk",
+    "--disable-overlap-schedule": None,
+}
+PLACES = {"--model-path", "--host", "--port", "--speculative-draft-model-path", "--speculative-dflash-tfm-path"}
+
+
 def test_sglang_commands_per_method() -> None:
     base = dict(model="Qwen/Qwen3.6-27B", port=30001, drafter="z-lab/Qwen3.6-27B-DFlash")
     ar = sglang_command(SglangLaunch(method="ar", **base))
-    assert ar[1:3] == ["-m", "sglang.launch_server"] and "--speculative-algorithm" not in ar
-    assert ar[ar.index("--host") + 1] == "127.0.0.1" and ar[ar.index("--port") + 1] == "30001"
-    chain = sglang_command(SglangLaunch(method="chain", **base))
-    assert chain[chain.index("--speculative-algorithm") + 1] == "DFLASH"
-    assert chain[chain.index("--speculative-dflash-block-size") + 1] == "16"
-    weaver = sglang_command(
-        SglangLaunch(method="weaver", budget=64, adapter="a.pt", mode="traversal", candidate_pool_size=256, **base)
-    )
-    flag = {k: v for k, v in zip(weaver, weaver[1:], strict=False) if k.startswith("--")}
-    assert flag["--speculative-algorithm"] == "DFLASH_TFM" and flag["--speculative-dflash-tfm-path"] == "a.pt"
-    assert flag["--speculative-dflash-tfm-tree-budget"] == "64"
-    assert flag["--speculative-dflash-tfm-tree-sampling-mode"] == "traversal"
-    assert flag["--speculative-dflash-tfm-candidate-pool-size"] == "256"
-    assert flag["--speculative-draft-model-path"] == base["drafter"]
+    assert ar[1:3] == ["-m", "sglang.launch_server"]
+    assert {k: v for k, v in flags(ar).items() if k not in PLACES} == SERVE_AR
+    assert flags(ar)["--host"] == "127.0.0.1" and flags(ar)["--port"] == "30001"
+    chain = flags(sglang_command(SglangLaunch(method="chain", **base)))
+    assert {k: v for k, v in chain.items() if k not in PLACES} == SERVE_DFLASH
+    assert chain["--speculative-draft-model-path"] == base["drafter"]
+    # serve-tfm leaves the sampling mode at its default (target_only); we always name it
+    weaver = flags(sglang_command(SglangLaunch(method="weaver", budget=64, adapter="a.pth", **base)))
+    mode = {"--speculative-dflash-tfm-tree-sampling-mode": "target_only"}
+    assert {k: v for k, v in weaver.items() if k not in PLACES} == SERVE_TFM | mode
+    assert weaver["--speculative-dflash-tfm-path"] == "a.pth"
+    assert weaver["--speculative-draft-model-path"] == base["drafter"]
+    tuned = SglangLaunch(method="weaver", budget=32, adapter="a.pt", mode="traversal", candidate_pool_size=256, **base)
+    tuned_flags = flags(sglang_command(tuned))
+    assert tuned_flags["--speculative-dflash-tfm-tree-budget"] == "32"
+    assert tuned_flags["--speculative-dflash-tfm-tree-sampling-mode"] == "traversal"
+    assert tuned_flags["--speculative-dflash-tfm-candidate-pool-size"] == "256"
+
+
+def test_sglang_commands_pin_revisions_like_reproduction_sh() -> None:
+    launch = SglangLaunch(
+        model="Qwen/Qwen3.6-27B", method="weaver", port=1, budget=64, drafter="z-lab/Qwen3.6-27B-DFlash",
+        adapter="a.pth", revision="6a9e13bd", drafter_revision="09196886",
+    )  # fmt: skip
+    got = flags(sglang_command(launch))
+    assert got["--revision"] == "6a9e13bd" and got["--speculative-draft-model-revision"] == "09196886"
+    assert "--revision" not in flags(sglang_command(replace(launch, revision=None)))
 
 
 @pytest.mark.parametrize(
     "changes, message",
     [
-        (dict(method="ddtree", budget=8), "no SGLang configuration"),
+        (dict(method="ddtree", budget=8), "no SGLang configuration.*no --speculative-dflash-tfm-proposal"),
+        (dict(method="weaver_chain", budget=8), "no SGLang configuration"),
+        (dict(method="prompt_lookup", budget=8), "no SGLang configuration"),
         (dict(method="chain", drafter=None), "drafter"),
         (dict(method="weaver", budget=64), "adapter"),
         (dict(method="weaver", adapter="a.pt"), "budget"),
+        (dict(method="weaver", adapter="a.pt", budget=64, mode="greedy"), "target_only or traversal"),
     ],
 )
 def test_sglang_commands_refuse_what_cannot_run(changes: dict, message: str) -> None:
@@ -148,26 +204,92 @@ def test_sglang_commands_refuse_what_cannot_run(changes: dict, message: str) -> 
         sglang_command(replace(launch, **changes))
 
 
+# What the fork's loader reads (trymirai/sglang python/sglang/srt/speculative/dflash_tfm.py at FORK_COMMIT
+# aeac03f0d4c8789559411be95c5c127bdff24d1c): `Weaver.load` = torch.load(path, map_location=device), requires a dict
+# with 'config' and 'state_dict', builds `Weaver(**config)` (these keyword arguments, no others), casts it with
+# .to(device, dtype) and load_state_dict(strict=True) (exactly these parameter names).
+FORK_CONFIG_KEYS = [
+    "d_model",
+    "d_embed",
+    "d_rank",
+    "num_layers",
+    "num_heads",
+    "mlp_dim",
+    "K",
+    "candidate_pool_size",
+    "encoder_mode",
+    "score_head",
+    "activation",
+    "rope_base",
+]
+FORK_TOP_LEVEL_PARAMETERS = [
+    "output_norm.weight",
+    "output_norm.bias",
+    "embed_norm.weight",
+    "embed_norm.bias",
+    "token_in.weight",
+    "token_in.bias",
+    "proposal_in.weight",
+    "proposal_in.bias",
+    "out_norm.weight",
+    "out_norm.bias",
+    "lm_head_query_in.weight",
+]
+FORK_BLOCK_PARAMETERS = [  # blocks.{i}. + name (WeaverBlock)
+    "norm_attn.weight",
+    "norm_attn.bias",
+    "qkv_proj.weight",
+    "o_proj.weight",
+    "norm_mlp.weight",
+    "norm_mlp.bias",
+    "gate_up_proj.weight",
+    "gate_up_proj.bias",
+    "down_proj.weight",
+    "down_proj.bias",
+]
+
+
 def test_our_adapter_checkpoint_has_what_the_fork_reads(tmp_path: Path) -> None:
-    """The file `--speculative-dflash-tfm-path` receives: the fork's DFLASH_TFM worker does `Weaver.load(path)` =
-    torch.load -> `Weaver(**config)` + strict state_dict, then reads these attributes and config values."""
+    """The file `--speculative-dflash-tfm-path` receives loads the fork's way: exact config keys and parameter names,
+    plain Python config values (torch.load's weights_only default), a strict load after a cast to bf16, and K
+    (the fork drafts min(block_size - 1, K) depths) covering the drafter's 15 depths."""
     import torch
 
     from weaver.adapter import Weaver, WeaverConfig
+    from weaver.training.adapter import new_adapter
 
-    config = WeaverConfig(
-        d_model=32, d_embed=32, d_rank=16, num_layers=1, num_heads=2, mlp_dim=24, K=4, candidate_pool_size=8
-    )
-    path = tmp_path / "adapter.pt"
-    Weaver(config).save(path)
+    adapter = new_adapter(32, 32, d_rank=16, num_layers=2, num_heads=2, mlp_dim=24, pool_size=8)
+    path = tmp_path / "adapter.pth"
+    adapter.save(path)
     checkpoint = torch.load(path, map_location="cpu", weights_only=True)
-    assert set(checkpoint) == {"config", "state_dict"}
-    for key in ("d_rank", "num_layers", "num_heads", "K", "candidate_pool_size"):
-        assert checkpoint["config"][key] == getattr(config, key)
-    state = checkpoint["state_dict"]
-    for name in ("embed_norm.weight", "embed_norm.bias", "token_in.weight", "token_in.bias"):
-        assert name in state
+    assert sorted(checkpoint) == ["config", "state_dict"]
+    config, state = checkpoint["config"], checkpoint["state_dict"]
+    assert list(config) == FORK_CONFIG_KEYS
+    assert all(type(v) in (int, float, str) for v in config.values())
+    assert (config["encoder_mode"], config["score_head"], config["activation"]) == (3, 4, "swiglu")
+    assert config["K"] >= 15 and config["candidate_pool_size"] == 8
+    blocks = [f"blocks.{i}.{name}" for i in range(config["num_layers"]) for name in FORK_BLOCK_PARAMETERS]
+    assert sorted(state) == sorted(FORK_TOP_LEVEL_PARAMETERS + blocks)
+    assert all(t.device.type == "cpu" for t in state.values())
     assert state["lm_head_query_in.weight"].shape == (32, 16)  # W_lm @ W_lmq: [V, d_model] @ [d_model, d_rank]
+    served = Weaver(WeaverConfig(**config)).to(dtype=torch.bfloat16)  # the fork: Weaver(**config).to(dtype)
+    served.load_state_dict(state, strict=True)
+    for name, tensor in served.state_dict().items():
+        torch.testing.assert_close(tensor, state[name].to(torch.bfloat16), rtol=0, atol=0)
     launch = SglangLaunch(model="m", method="weaver", port=1, budget=8, drafter="d", adapter=str(path))
     command = sglang_command(launch)
     assert command[command.index("--speculative-dflash-tfm-path") + 1] == str(path)
+
+
+def test_the_pinned_sglang_builds_agree_everywhere() -> None:
+    """config/paper.yaml `sglang` and environment.yml's GPU block name the builds weaver.backends.sglang targets."""
+    import yaml
+
+    from weaver.backends import sglang
+
+    root = Path(__file__).resolve().parents[1]
+    pinned = yaml.safe_load((root / "config/paper.yaml").read_text())["sglang"]
+    assert pinned == dict(upstream=sglang.UPSTREAM_VERSION, fork_repo=sglang.FORK_REPO, fork_commit=sglang.FORK_COMMIT)
+    environment = (root / "environment.yml").read_text()
+    assert f"git checkout {sglang.FORK_COMMIT}" in environment and f"git clone {sglang.FORK_REPO}" in environment
+    assert f"sglang[all]=={sglang.UPSTREAM_VERSION}" in environment

@@ -14,7 +14,7 @@ a released checkpoint loads with strict=True. Two paths compute the same numbers
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, fields
+from dataclasses import dataclass, fields
 from pathlib import Path
 
 import torch
@@ -31,8 +31,10 @@ class WeaverConfig:
     """Checkpoint config; the keys are the authors' (`Weaver(**config)` in their SGLang fork).
 
     d_model: target hidden size; d_embed: target embedding size; d_rank: adapter width; mlp_dim: SwiGLU width;
-    K: kept for checkpoint compatibility (unused by the RoPE adapter); candidate_pool_size: pool size (512 in the
-    paper); rope_base: RoPE base over context positions 0..D and node positions depth + 1.
+    K: drafter depths the adapter reads; our engine uses all D of the block, the fork's DFLASH_TFM worker uses
+    min(block_size - 1, K), so a checkpoint for SGLang needs K >= D (new_adapter writes D);
+    candidate_pool_size: pool size (512 in the paper); rope_base: RoPE base over context positions 0..D and node
+    positions depth + 1.
     """
 
     d_model: int
@@ -60,8 +62,8 @@ class WeaverConfig:
             raise ValueError(
                 f"d_rank {self.d_rank} must split into {self.num_heads} heads of even size (RoPE rotates pairs)"
             )
-        if self.rope_base <= 0 or self.candidate_pool_size <= 0:
-            raise ValueError("rope_base and candidate_pool_size must be positive")
+        if self.rope_base <= 0 or self.candidate_pool_size <= 0 or self.K <= 0:
+            raise ValueError("rope_base, candidate_pool_size and K must be positive")
 
     @classmethod
     def from_dict(cls, config: dict) -> WeaverConfig:
@@ -255,8 +257,16 @@ class Weaver(nn.Module):
 
     # ------------------------------------------------------------------ checkpoints
     def save(self, path: str | Path) -> None:
-        """Write the authors' format: torch.save({'config': {...}, 'state_dict': ...})."""
-        torch.save({"config": asdict(self.config), "state_dict": self.state_dict()}, path)
+        """Write the authors' format: torch.save({'config': {...}, 'state_dict': ...}).
+
+        The fork loads it with torch.load(path, map_location=device) (weights_only by default in torch >= 2.6), then
+        `Weaver(**config).to(device, dtype)` and load_state_dict(strict=True), which casts to the serving dtype: so the
+        config holds only Python int / float / str and the tensors are written on the CPU in their training dtype.
+        """
+        casts = {"int": int, "float": float, "str": str}  # the field annotations (strings: postponed evaluation)
+        config = {f.name: casts[f.type](getattr(self.config, f.name)) for f in fields(self.config)}
+        state = {name: tensor.detach().cpu().contiguous() for name, tensor in self.state_dict().items()}
+        torch.save({"config": config, "state_dict": state}, path)
 
     @classmethod
     def load(cls, path: str | Path, map_location: str | torch.device = "cpu") -> Weaver:

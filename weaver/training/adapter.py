@@ -218,9 +218,20 @@ class TrainConfig:
 
 
 def new_adapter(
-    d_model: int, d_embed: int, d_rank: int, num_layers: int, num_heads: int, mlp_dim: int, pool_size: int
+    d_model: int,
+    d_embed: int,
+    d_rank: int,
+    num_layers: int,
+    num_heads: int,
+    mlp_dim: int,
+    pool_size: int,
+    depth: int = 15,
 ) -> Weaver:
-    """A fresh adapter whose residual starts at 0 (lm_head_query_in = 0), i.e. exactly the drafter's prior."""
+    """A fresh adapter whose residual starts at 0 (lm_head_query_in = 0), i.e. exactly the drafter's prior.
+
+    depth: the drafter's D = block_size - 1, written as the config's K (the fork's DFLASH_TFM worker reads
+    min(block_size - 1, K) drafter depths; 15 for the paper's block-16 drafters).
+    """
     config = WeaverConfig(
         d_model=d_model,
         d_embed=d_embed,
@@ -228,7 +239,7 @@ def new_adapter(
         num_layers=num_layers,
         num_heads=num_heads,
         mlp_dim=mlp_dim,
-        K=pool_size,
+        K=depth,
         candidate_pool_size=pool_size,
     )
     weaver = Weaver(config)
@@ -401,6 +412,7 @@ def main(args: argparse.Namespace) -> int:
             args.num_heads,
             args.mlp_dim,
             args.pool_size,
+            depth=drafter.cfg.block_size - 1,
         )
     cfg = TrainConfig(**{f: getattr(args, f) for f in TrainConfig.__dataclass_fields__})
     started = time.time()
