@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 import socket
 import sys
 from dataclasses import replace
@@ -13,7 +14,14 @@ from tiny_models import tiny_hf_model
 
 from weaver.backends.engine import Engine, EngineBackend, EngineConfig
 from weaver.backends.http import ServerClient, ServerError, ServerProcess, stats_from_response
-from weaver.backends.sglang import SglangLaunch, sglang_command
+from weaver.backends.sglang import (
+    DDTREE_FLAG,
+    FORK_DDTREE_COMMIT,
+    SglangBuildError,
+    SglangLaunch,
+    check_sglang_build,
+    sglang_command,
+)
 from weaver.bench import _LaunchedServer, read_records, run_prompts
 from weaver.models import from_hf_model
 from weaver.serve import Server, ServerThread
@@ -151,6 +159,9 @@ SERVE_TFM = SERVE_AR | {
     "--speculative-gdn-verify-kernel": "chunk",
     "--disable-overlap-schedule": None,
 }
+# serve-ddtree (reproduction.sh at 02700cab56df67cccba8ca0657d4d60430bb9b03): serve-tfm with the DDTree proposal in
+# place of --speculative-dflash-tfm-path
+SERVE_DDTREE = SERVE_TFM | {"--speculative-dflash-tfm-proposal": "ddtree"}
 PLACES = {"--model-path", "--host", "--port", "--speculative-draft-model-path", "--speculative-dflash-tfm-path"}
 
 
@@ -176,6 +187,32 @@ def test_sglang_commands_per_method() -> None:
     assert tuned_flags["--speculative-dflash-tfm-candidate-pool-size"] == "256"
 
 
+def test_sglang_ddtree_command_is_serve_ddtree() -> None:
+    """ddtree: DFLASH_TFM with `--speculative-dflash-tfm-proposal ddtree`, the budget, the weaver method's serving
+    flags, and no Weaver checkpoint (an adapter given to the cell is not passed)."""
+    base = dict(model="Qwen/Qwen3.6-27B", port=30001, drafter="z-lab/Qwen3.6-27B-DFlash", drafter_revision="09196886")
+    command = sglang_command(SglangLaunch(method="ddtree", budget=64, adapter="a.pth", **base))
+    assert command[1:] == [
+        *("-m", "sglang.launch_server", "--model-path", "Qwen/Qwen3.6-27B", "--dtype", "bfloat16", "--tp-size", "1"),
+        *("--max-running-requests", "1", "--cuda-graph-max-bs", "32", "--mem-fraction-static", "0.75"),
+        *("--page-size", "64", "--disable-radix-cache", "--host", "127.0.0.1", "--port", "30001"),
+        *("--decode-attention-backend", "trtllm_mha", "--prefill-attention-backend", "flashinfer"),
+        *("--speculative-draft-attention-backend", "fa4", "--speculative-draft-model-path", "z-lab/Qwen3.6-27B-DFlash"),
+        *("--speculative-draft-model-revision", "09196886", "--speculative-algorithm", "DFLASH_TFM"),
+        *("--speculative-dflash-tfm-proposal", "ddtree", "--speculative-dflash-tfm-tree-budget", "64"),
+        *("--speculative-dflash-tfm-tree-sampling-mode", "target_only"),
+        *("--speculative-gdn-verify-kernel", "chunk", "--disable-overlap-schedule"),
+    ]
+    got = {k: v for k, v in flags(command).items() if k not in PLACES | {"--speculative-draft-model-revision"}}
+    assert got == SERVE_DDTREE | {"--speculative-dflash-tfm-tree-sampling-mode": "target_only"}
+    weaver = flags(sglang_command(SglangLaunch(method="weaver", budget=64, adapter="a.pth", **base)))
+    assert set(weaver) - set(flags(command)) == {"--speculative-dflash-tfm-path"}
+    for budget in (16, 32, 128):  # the paper's DDTree budgets, all within the fork's cap
+        assert flags(sglang_command(SglangLaunch(method="ddtree", budget=budget, **base)))[
+            "--speculative-dflash-tfm-tree-budget"
+        ] == str(budget)
+
+
 def test_sglang_commands_pin_revisions_like_reproduction_sh() -> None:
     launch = SglangLaunch(
         model="Qwen/Qwen3.6-27B", method="weaver", port=1, budget=64, drafter="z-lab/Qwen3.6-27B-DFlash",
@@ -189,7 +226,11 @@ def test_sglang_commands_pin_revisions_like_reproduction_sh() -> None:
 @pytest.mark.parametrize(
     "changes, message",
     [
-        (dict(method="ddtree", budget=8), "no SGLang configuration.*no --speculative-dflash-tfm-proposal"),
+        (dict(method="ddtree", budget=129), r"takes --budget 16\.\.128, got 129: .*cap the budget at 128"),
+        (dict(method="ddtree", budget=15), r"takes --budget 16\.\.128, got 15: .*exceed the DFlash block size"),
+        (dict(method="ddtree", budget=64, mode="traversal"), "target_only only"),
+        (dict(method="ddtree", budget=64, candidate_pool_size=64), "top-k equal to the budget"),
+        (dict(method="ddtree", budget=64, drafter=None), "drafter"),
         (dict(method="weaver_chain", budget=8), "no SGLang configuration"),
         (dict(method="prompt_lookup", budget=8), "no SGLang configuration"),
         (dict(method="chain", drafter=None), "drafter"),
@@ -202,6 +243,59 @@ def test_sglang_commands_refuse_what_cannot_run(changes: dict, message: str) -> 
     launch = SglangLaunch(model="m", method="ar", port=1, drafter="d")
     with pytest.raises(ValueError, match=message):
         sglang_command(replace(launch, **changes))
+
+
+ARGPARSE_HELP = """usage: launch_server.py [-h] --model-path MODEL_PATH
+  --speculative-dflash-block-size SPECULATIVE_DFLASH_BLOCK_SIZE
+                        DFLASH only. Block size (verify window length).
+  --speculative-dflash-tfm-proposal {weaver,ddtree}
+                        Proposal builder using the shared DFlash tree verification runtime.
+  --speculative-dflash-tfm-path SPECULATIVE_DFLASH_TFM_PATH
+"""
+
+
+def test_ddtree_launch_needs_an_sglang_with_the_proposal_flag() -> None:
+    """Before a ddtree launch the installed SGLang's `launch_server --help` must list the DDTree proposal; without it
+    (upstream SGLang, the fork at FORK_COMMIT, a choice list without ddtree, or no SGLang at all) the error names the
+    flag and the fork commit to install. Other methods never ask."""
+    launch = SglangLaunch(model="m", method="ddtree", port=1, budget=64, drafter="d", python="/envs/fork/bin/python")
+    asked = []
+
+    def helps(text: str):
+        def help_text(python: str) -> str:
+            asked.append(python)
+            return text
+
+        return help_text
+
+    check_sglang_build(launch, helps(ARGPARSE_HELP))
+    assert asked == ["/envs/fork/bin/python"]
+    check_sglang_build(launch, helps("  --speculative-dflash-tfm-proposal SPECULATIVE_DFLASH_TFM_PROPOSAL\n"))
+    without = ARGPARSE_HELP.replace("  --speculative-dflash-tfm-proposal {weaver,ddtree}\n", "")
+    for text in (without, ARGPARSE_HELP.replace("{weaver,ddtree}", "{weaver}")):
+        with pytest.raises(SglangBuildError, match=f"does not accept {DDTREE_FLAG} ddtree.*{FORK_DDTREE_COMMIT}"):
+            check_sglang_build(launch, helps(text))
+    prefixed = without.replace("--speculative-dflash-tfm-path", "--speculative-dflash-tfm-proposal-x")
+    with pytest.raises(SglangBuildError, match="does not accept"):
+        check_sglang_build(launch, helps(prefixed))
+
+    def broken(python: str) -> str:
+        raise SglangBuildError("No module named sglang")
+
+    with pytest.raises(SglangBuildError, match=f"{DDTREE_FLAG} ddtree.*No module named sglang.*{FORK_DDTREE_COMMIT}"):
+        check_sglang_build(launch, broken)
+    asked.clear()
+    for method in ("ar", "chain", "weaver"):
+        check_sglang_build(replace(launch, method=method), helps(""))
+    assert asked == []
+
+
+@pytest.mark.skipif(importlib.util.find_spec("sglang") is not None, reason="SGLang is installed here")
+def test_ddtree_check_runs_launch_server_help() -> None:
+    """The real check: this interpreter has no SGLang, so `python -m sglang.launch_server --help` fails, loudly."""
+    launch = SglangLaunch(model="m", method="ddtree", port=1, budget=64, drafter="d", python=sys.executable)
+    with pytest.raises(SglangBuildError, match=f"sglang.launch_server --help.*exited with 1.*{FORK_DDTREE_COMMIT}"):
+        check_sglang_build(launch)
 
 
 # What the fork's loader reads (trymirai/sglang python/sglang/srt/speculative/dflash_tfm.py at FORK_COMMIT
@@ -289,7 +383,13 @@ def test_the_pinned_sglang_builds_agree_everywhere() -> None:
 
     root = Path(__file__).resolve().parents[1]
     pinned = yaml.safe_load((root / "config/paper.yaml").read_text())["sglang"]
-    assert pinned == dict(upstream=sglang.UPSTREAM_VERSION, fork_repo=sglang.FORK_REPO, fork_commit=sglang.FORK_COMMIT)
+    assert pinned == dict(
+        upstream=sglang.UPSTREAM_VERSION,
+        fork_repo=sglang.FORK_REPO,
+        fork_commit=sglang.FORK_COMMIT,
+        fork_ddtree_commit=sglang.FORK_DDTREE_COMMIT,
+    )
     environment = (root / "environment.yml").read_text()
     assert f"git checkout {sglang.FORK_COMMIT}" in environment and f"git clone {sglang.FORK_REPO}" in environment
+    assert f"git checkout {sglang.FORK_DDTREE_COMMIT}" in environment
     assert f"sglang[all]=={sglang.UPSTREAM_VERSION}" in environment

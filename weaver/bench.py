@@ -298,13 +298,13 @@ def make_backend(cell: CellConfig, model: Any = None, tokenizer: Any = None):
         return EngineBackend(Engine(config, model, tokenizer), **sampling)
     if cell.backend == "server":
         return ServerClient(cell.server_url, method=cell.method, **sampling)
-    from weaver.backends.sglang import SglangLaunch, sglang_command
+    from weaver.backends.sglang import SglangLaunch, check_sglang_build, sglang_command
 
     launch = SglangLaunch(cell.model, cell.method, cell.port, cell.budget, cell.drafter, cell.adapter, cell.mode)
+    command = sglang_command(launch)  # refuses what SGLang cannot run
+    check_sglang_build(launch)  # ddtree: the installed SGLang must offer the fork's DDTree proposal
     url = f"http://{launch.host}:{launch.port}"
-    return _LaunchedServer(
-        ServerProcess(sglang_command(launch), url), ServerClient(url, method=cell.method, **sampling)
-    )
+    return _LaunchedServer(ServerProcess(command, url), ServerClient(url, method=cell.method, **sampling))
 
 
 class _LaunchedServer:
