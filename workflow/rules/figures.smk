@@ -73,6 +73,7 @@ rule eval_depth:
         datasets=" ".join(config["datasets"]),
         n=min(config["datasets"].values()),
         temperatures=" ".join(sorted({paths.temperature_label(t) for g in config["grids"] for t in g["temperatures"]})),
+    priority: 5
     threads: THREADS
     resources:
         gpu=GPUS,

@@ -1,5 +1,6 @@
 # Targets the pipeline builds (the GDN hybrid), then per target: cached features + drafter, and the Weaver adapter.
-# Jobs set OMP_NUM_THREADS so that `--cores` bounds the CPU threads actually used.
+# Jobs set OMP_NUM_THREADS so that `--cores` bounds the CPU threads actually used. Priorities put the critical path
+# (hybrid -> drafter -> adapter -> per-depth eval) ahead of benchmark cells, which fill the idle cores around it.
 
 
 def target_arg(model):
@@ -33,6 +34,7 @@ rule build_hybrid:
         log("build_hybrid"),
     params:
         extra=lambda wc: args(config["models"][wc.model].get("build_args", [])),
+    priority: 30
     threads: THREADS
     resources:
         gpu=GPUS,
@@ -51,6 +53,7 @@ rule train_drafter:
     params:
         target=lambda wc: target_arg(wc.model),
         extra=lambda wc: args(config["models"][wc.model]["drafter"]["train_args"]),
+    priority: 20
     threads: THREADS
     resources:
         gpu=GPUS,
@@ -73,6 +76,7 @@ rule train_adapter:
         drafter=lambda wc: checkpoint_of(wc.model, "drafter"),
         out=lambda wc, output: os.path.dirname(output[0]),
         extra=lambda wc: args(config["models"][wc.model]["adapter"]["train_args"]),
+    priority: 10
     threads: THREADS
     resources:
         gpu=GPUS,
