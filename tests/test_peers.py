@@ -45,6 +45,18 @@ def test_dflash_reference_loop_drives_our_drafter(target, drafter_dir) -> None:
     assert reference.steps == chain.steps <= ar.steps == 16  # same drafts (argmax of the block) => same rounds
 
 
+def test_engine_shares_one_config_across_methods(target, drafter_dir) -> None:
+    """The peers run builds every engine from one drafter path: methods without a drafter ignore it, the drafter-based
+    ones load it once (not per request)."""
+    _, model = target
+    for method, budget in (("ar", 0), ("prompt_lookup", 4), ("chain", 4)):
+        engine = Engine(EngineConfig("tiny", method, budget, drafter=str(drafter_dir)), model)
+        first, second = run_ours(engine, PROMPT, 8), run_ours(engine, PROMPT, 8)
+        assert first.output_ids == second.output_ids
+        assert ("drafter" in engine.options) == (method == "chain")
+        assert not isinstance(engine.options.get("drafter"), (str, Path))
+
+
 def test_transformers_peers_count_forwards(target) -> None:
     hf, model = target
     plain = run_transformers(hf, PROMPT, 12, None)

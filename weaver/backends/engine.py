@@ -46,7 +46,16 @@ class Engine:
 
             model, tokenizer = load_target(config.model)
         self.config, self.model, self.tokenizer = config, model, tokenizer
-        self.options = {k: v for k, v in (("drafter", config.drafter), ("adapter", config.adapter)) if v}
+        # checkpoints are loaded once here; each request gets a fresh source around them (sources keep request state)
+        self.options: dict[str, Any] = {}
+        if config.method in DRAFTER_METHODS:
+            from weaver.drafter import load_drafter
+
+            self.options["drafter"] = load_drafter(config.drafter)
+        if config.method in ADAPTER_METHODS:
+            from weaver.adapter import Weaver
+
+            self.options["adapter"] = Weaver.load(config.adapter)
         eos = getattr(tokenizer, "eos_token_id", None)
         self.eos_ids: tuple[int, ...] = (eos,) if eos is not None else ()
 
@@ -67,7 +76,7 @@ class Engine:
         from weaver.verify import SamplingParams
 
         params = SamplingParams(temperature=temperature, top_k=top_k, top_p=top_p)
-        source = make_source(self.config.method, self.model, **self.options)  # fresh: sources keep request state
+        source = make_source(self.config.method, self.model, **self.options)
         return generate(
             self.model,
             list(prompt_ids),
