@@ -48,7 +48,7 @@ def main(smk) -> None:
 
     rows = pd.concat([pd.read_json(path, lines=True) for path in smk.input.rows], ignore_index=True)
     table = peers_table(rows)
-    threads = sorted(rows["threads"].unique())
+    threads = ", ".join(str(int(t)) for t in sorted(rows["threads"].unique()))
     caption = f"Peers on CPU ({threads} torch threads): speedup over {BASELINE}, same prompts, one run"
     plot_style.save_table(table, [str(Path(p)) for p in smk.output], caption)
 
