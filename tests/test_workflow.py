@@ -62,6 +62,11 @@ def test_dry_run_of_every_config(config: str, tmp_path: Path) -> None:
     assert run.returncode == 0, run.stdout + run.stderr
     counts = job_counts(run.stdout)
     assert counts.get("bench_cell", 0) > 0 and counts.get("analyze") == 1
+    grids = yaml.safe_load((ROOT / "config" / config).read_text())["grids"]
+    for grid in grids:  # a budget-free method runs at the grid's smallest budget only
+        for method in grid.get("budget_free", []):
+            runs = set(re.findall(rf"/{method}/b(\d+)-t", run.stdout))
+            assert runs == {str(min(grid["budgets"]))}, runs
 
 
 @pytest.mark.parametrize("profile", ["default", "gpu-smoke", "slurm"])
@@ -90,8 +95,10 @@ def test_paper_config_has_the_papers_grid() -> None:
         ({"verify_mode": "minp"}, ["verify_mode", "'traversal'"]),
         ({"max_new_token": 8}, ["max_new_token", "allowed keys", "max_new_tokens"]),
         ({"datasets": {"mt_bench": 0}}, ["datasets.mt_bench", "minimum"]),
+        ({"grids": [{"models": ["smollm2-135m"], "datasets": ["mt_bench"], "methods": ["ar", "chain"], "budgets": [4],
+                     "temperatures": [0], "budget_free": ["ddtree"]}]}, ["grids.budget_free", "'ddtree'", "'chain'"]),
     ],
-    ids=["unknown-method", "unknown-verify-mode", "misspelt-key", "zero-prompts"],
+    ids=["unknown-method", "unknown-verify-mode", "misspelt-key", "zero-prompts", "budget-free-not-in-grid"],
 )  # fmt: skip
 def test_bad_config_fails_at_once_naming_key_and_allowed(tmp_path: Path, change: dict, names: list[str]) -> None:
     config = yaml.safe_load((ROOT / "config" / "smoke.yaml").read_text())

@@ -1,13 +1,19 @@
 """Raw benchmark logs -> tidy CSV tables (METHOD.md section 8).
 
 `python -m weaver.analyze --meta CELL/meta.json ... [--kernels kernel_table.csv] --out DIR` writes
-  requests.csv          one row per prompt (tau = new_tokens / steps, step times summed)
+  requests.csv          one row per prompt (tau = new_tokens / steps, step times summed); budget_run is the budget
+                        the prompt ran at, which differs from budget only for rows reused by --budget-free
   cells.csv             one row per (model, dataset, method, budget, temperature): tau = mean over requests,
                         throughput = sum new_tokens / sum wall time (prefill included), speedup over the AR cell
   macro.csv             cells averaged over datasets (macro), the paper's headline numbers
   depth_acceptance.csv  per draft depth d: steps that reached d and steps that accepted the draft at d
   kernels.csv           GDN kernel bench, long format (layout, n, impl, time_us, speedup over per_branch)
 Speedups are always computed from the AR run on the same host in the same logs, never from copied numbers.
+
+--budget-free METHOD: a method whose tree does not depend on the budget once the budget exceeds what it drafts (chain:
+the drafter block's B - 1 argmax tokens) is benchmarked at one budget only. Its requests then stand for every larger
+budget the other methods of the same model, dataset and temperature ran at, provided no tree of that run reached its
+budget (then a larger budget cannot have changed a single step); otherwise the analysis fails and names the cell.
 """
 
 from __future__ import annotations
@@ -47,11 +53,39 @@ def load_requests(meta_paths: Sequence[Path]) -> pd.DataFrame:
                     "tree_s": sum(r["tree_s"]),
                     "verify_s": sum(r["verify_s"]),
                     "accept_lengths": " ".join(map(str, r["accept_lengths"])),
+                    "max_tree": max(r["tree_sizes"] or [0]) if "tree_sizes" in r else float("nan"),
                 }
             )
     if not rows:
         raise ValueError("no benchmark records found: give --meta paths of finished cells (meta.json)")
     return pd.DataFrame(rows)
+
+
+def reuse_budget_free(requests: pd.DataFrame, methods: Sequence[str]) -> pd.DataFrame:
+    """Add rows for the budgets a budget-free method was not run at (see the module docstring); budget_run says
+    which run a row comes from."""
+    requests = requests.assign(budget_run=requests["budget"])
+    added = []
+    keys = ["host", "model", "dataset", "temperature"]
+    for method in methods:
+        for key, group in requests[requests["method"] == method].groupby(keys):
+            same = requests
+            for column, value in zip(keys, key, strict=True):
+                same = same[same[column] == value]
+            wanted = sorted(set(same.loc[same["method"] != "ar", "budget"]) - set(group["budget"]))
+            for budget in wanted:
+                below = group[group["budget"] < budget]
+                if below.empty:
+                    continue
+                run = below[below["budget"] == below["budget"].max()]
+                if not (run["max_tree"] < run["budget"]).all():  # NaN (no tree sizes logged) fails too
+                    raise ValueError(
+                        f"{method} at budget {int(run['budget'].iloc[0])} ({', '.join(map(str, key))}) built trees "
+                        f"of its full budget, so it cannot stand for budget {budget}: benchmark it at every budget "
+                        "(drop it from the grid's budget_free list)"
+                    )
+                added.append(run.assign(budget=budget))
+    return pd.concat([requests, *added], ignore_index=True) if added else requests
 
 
 def cell_table(requests: pd.DataFrame) -> pd.DataFrame:
@@ -65,6 +99,7 @@ def cell_table(requests: pd.DataFrame) -> pd.DataFrame:
         draft_s=("draft_s", "sum"),
         tree_s=("tree_s", "sum"),
         verify_s=("verify_s", "sum"),
+        budget_run=("budget_run", "max"),
     )
     cells["throughput"] = cells["new_tokens"] / cells["wall_s"]
     ar = cells[cells["method"] == "ar"][[*BASELINE, "throughput"]].rename(columns={"throughput": "ar_throughput"})
@@ -134,9 +169,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--meta", nargs="+", type=Path, required=True, help="meta.json of every finished bench cell")
     p.add_argument("--kernels", type=Path, default=None, help="kernel_table.csv of python -m weaver_kernels.bench")
     p.add_argument("--out", type=Path, required=True, help="folder for the tidy CSV tables")
+    p.add_argument(
+        "--budget-free",
+        nargs="*",
+        default=[],
+        metavar="METHOD",
+        help="methods run at one budget whose requests stand for the larger budgets of the same cells (e.g. chain)",
+    )
     args = p.parse_args(argv)
     args.out.mkdir(parents=True, exist_ok=True)
-    requests = load_requests(args.meta)
+    requests = reuse_budget_free(load_requests(args.meta), args.budget_free)
     cells = cell_table(requests)
     write_csv(requests, args.out / "requests.csv")
     write_csv(cells, args.out / "cells.csv")

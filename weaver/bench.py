@@ -335,9 +335,10 @@ def _tokenizer(model: str) -> Any:
     from transformers import AutoTokenizer
 
     from weaver.models import resolve_target
+    from weaver.models.loading import load_tokenizer
 
     try:
-        return AutoTokenizer.from_pretrained(resolve_target(model))
+        return load_tokenizer(resolve_target(model))
     except (KeyError, FileNotFoundError, ValueError):
         return AutoTokenizer.from_pretrained(model)
 

@@ -20,6 +20,7 @@ from weaver.models.transformer import Transformer
 
 _DROPPED_PREFIXES = ("mtp.", "model.visual.", "visual.")
 _TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "tokenizer_config.json")
+_PLAIN_FAST_TOKENIZERS = ("PreTrainedTokenizerFast", "TokenizersBackend")  # one class in transformers 5
 
 
 def read_config(folder: Path) -> dict[str, Any]:
@@ -113,13 +114,19 @@ def load_checkpoint(folder: str | Path, dtype: torch.dtype = torch.float32) -> T
 
 
 def load_tokenizer(folder: Path):
+    """The tokenizer saved beside a checkpoint (tokenizer.json / tokenizer.model + tokenizer_config.json)."""
     if not any((folder / f).is_file() for f in _TOKENIZER_FILES):
         raise FileNotFoundError(
             f"no tokenizer in {folder} (expected one of {', '.join(_TOKENIZER_FILES)}): save it beside the weights "
             "with tokenizer.save_pretrained(folder)"
         )
-    from transformers import AutoTokenizer
+    from transformers import AutoTokenizer, PreTrainedTokenizerFast
 
+    config = folder / "tokenizer_config.json"
+    declared = json.loads(config.read_text()).get("tokenizer_class") if config.is_file() else None
+    if declared in _PLAIN_FAST_TOKENIZERS and (folder / "tokenizer.json").is_file():
+        # the class AutoTokenizer would pick, without its ~1 s of model-type resolution (paid by every bench job)
+        return PreTrainedTokenizerFast.from_pretrained(folder)
     return AutoTokenizer.from_pretrained(folder)
 
 

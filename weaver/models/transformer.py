@@ -64,7 +64,12 @@ class Transformer(nn.Module):
                 "give one type per layer"
             )
         self.config = config
-        self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size)
+        # given its tensor, nn.Embedding skips its random init: under torch.device("meta") (the loaders) that init's
+        # first call would import torch._dynamo, ~1.3 s of every process start
+        embedding = torch.empty(config.vocab_size, config.hidden_size)
+        self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size, _weight=embedding)
+        if not embedding.is_meta:
+            nn.init.normal_(embedding)  # nn.Embedding's own initialisation
         self.layers = nn.ModuleList(DecoderLayer(config, kind) for kind in config.layer_types)
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps, zero_centred=config.hybrid)
         self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)

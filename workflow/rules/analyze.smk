@@ -13,5 +13,6 @@ rule analyze:
     params:
         kernels=lambda wc, input: f"--kernels {input.kernels}" if input.kernels else "",
         out=os.path.dirname(TIDY["cells"]),
+        budget_free=args(["--budget-free", *BUDGET_FREE]) if BUDGET_FREE else "",
     shell:
-        "python -m weaver.analyze --meta {input.meta} {params.kernels} --out {params.out} > {log} 2>&1"
+        "python -m weaver.analyze --meta {input.meta} {params.kernels} {params.budget_free} --out {params.out} > {log} 2>&1"

@@ -42,6 +42,11 @@ def validate_config(config, schema_path):
         for dataset in grid["datasets"]:
             if dataset not in config["datasets"]:
                 raise ValueError(f"config key grids.datasets: {dataset!r} has no prompt count under `datasets:`")
+        for method in grid.get("budget_free", []):
+            if method not in grid["methods"] or method == "ar":
+                raise ValueError(
+                    f"config key grids.budget_free: {method!r} is not a tree method of the same grid {grid['methods']}"
+                )
 
 
 validate_config(config, workflow.source_path("../schemas/config.schema.yaml"))
@@ -63,9 +68,18 @@ def cells():
         for model, dataset, method, temperature in itertools.product(
             grid["models"], grid["datasets"], grid["methods"], grid["temperatures"]
         ):
-            for budget in [0] if method == "ar" else grid["budgets"]:
+            if method == "ar":
+                budgets = [0]
+            elif method in grid.get("budget_free", []):
+                budgets = [min(grid["budgets"])]  # the analysis reuses this run for the larger budgets
+            else:
+                budgets = grid["budgets"]
+            for budget in budgets:
                 seen[(model, dataset, method, budget, paths.temperature_label(temperature))] = None
     return list(seen)
+
+
+BUDGET_FREE = sorted({method for grid in config["grids"] for method in grid.get("budget_free", [])})
 
 
 CELLS = cells()

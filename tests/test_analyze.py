@@ -1,0 +1,86 @@
+"""Tidy tables from raw benchmark records: speedups from the same logs, budget-free methods reused honestly."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+from weaver.analyze import cell_table, depth_acceptance, load_requests, reuse_budget_free
+
+
+def write_cell(root: Path, method: str, budget: int, accept_lengths: list[int], tree_sizes: list[int] | None) -> Path:
+    """One finished cell (meta.json + records.jsonl) of two prompts, as weaver.bench writes them."""
+    cell = root / f"{method}-b{budget}"
+    cell.mkdir(parents=True)
+    records = []
+    for prompt in ("p0", "p1"):
+        record = {
+            "prompt_id": prompt,
+            "model": "m",
+            "dataset": "d",
+            "method": method,
+            "budget": budget,
+            "temperature": 0.0,
+            "prompt_tokens": 10,
+            "new_tokens": sum(accept_lengths) + 1,
+            "steps": len(accept_lengths) + 1,
+            "accept_lengths": accept_lengths,
+            "ttft_s": 0.1,
+            "wall_s": 1.0 + budget / 100,
+            "draft_s": [0.01] * len(accept_lengths),
+            "tree_s": [0.0] * len(accept_lengths),
+            "verify_s": [0.05] * len(accept_lengths),
+        }
+        if tree_sizes is not None:
+            record["tree_sizes"] = tree_sizes
+        records.append(json.dumps(record))
+    (cell / "records.jsonl").write_text("\n".join(records) + "\n")
+    (cell / "meta.json").write_text(json.dumps({"hardware": {"host": "h"}}))
+    return cell / "meta.json"
+
+
+@pytest.fixture
+def grid(tmp_path: Path) -> list[Path]:
+    """ar, ddtree at budgets 16 and 32, chain at 16 only (15-node trees: the budget never bound)."""
+    return [
+        write_cell(tmp_path, "ar", 0, [1, 1, 1], []),
+        write_cell(tmp_path, "ddtree", 16, [3, 2], [16, 16]),
+        write_cell(tmp_path, "ddtree", 32, [4, 3], [32, 32]),
+        write_cell(tmp_path, "chain", 16, [2, 1, 2], [15, 15, 15]),
+    ]
+
+
+def test_budget_free_method_stands_for_larger_budgets_of_the_same_cells(grid: list[Path]) -> None:
+    requests = reuse_budget_free(load_requests(grid), ["chain"])
+    chain = cell_table(requests).query("method == 'chain'").set_index("budget")
+    assert list(chain.index) == [16, 32]
+    assert list(chain["budget_run"]) == [16, 16]
+    assert chain.loc[32, "tau"] == chain.loc[16, "tau"] and chain.loc[32, "speedup"] == chain.loc[16, "speedup"]
+    ddtree = cell_table(requests).query("method == 'ddtree'")
+    assert list(ddtree["budget_run"]) == [16, 32]  # methods run at every budget keep their own runs
+    depth = depth_acceptance(requests).query("method == 'chain'")
+    assert set(depth["budget"]) == {16, 32}
+
+
+def test_without_the_flag_nothing_is_reused(grid: list[Path]) -> None:
+    cells = cell_table(reuse_budget_free(load_requests(grid), []))
+    assert list(cells.query("method == 'chain'")["budget"]) == [16]
+
+
+@pytest.mark.parametrize("sizes", [[15, 16, 15], None], ids=["tree-reached-budget", "no-tree-sizes-logged"])
+def test_reuse_refused_when_the_budget_may_have_bound(tmp_path: Path, sizes: list[int] | None) -> None:
+    metas = [
+        write_cell(tmp_path, "ddtree", 32, [4, 3], [32, 32]),
+        write_cell(tmp_path, "chain", 16, [2, 1, 2], sizes),
+    ]
+    with pytest.raises(ValueError, match="chain at budget 16 .*cannot stand for budget 32"):
+        reuse_budget_free(load_requests(metas), ["chain"])
+
+
+def test_requests_table_marks_reused_rows(grid: list[Path]) -> None:
+    requests = reuse_budget_free(load_requests(grid), ["chain"])
+    reused = requests[requests["budget"] != requests["budget_run"]]
+    assert isinstance(reused, pd.DataFrame) and set(reused["method"]) == {"chain"} and len(reused) == 2
