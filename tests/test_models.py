@@ -12,17 +12,21 @@ import json
 
 import pytest
 import torch
+import torch.nn.functional as F
 from tiny_models import TINY_FAMILIES, tiny_hf_config, tiny_hf_model
 
 from weaver.models import (
     ModelConfig,
+    Transformer,
     from_hf_model,
     load_checkpoint,
     load_target,
     register_target,
     resolve_target,
 )
-from weaver.models.loading import read_safetensors
+from weaver.models.layers import RMSNorm, Rotary, apply_rotary
+from weaver.models.loading import convert_state_dict, read_safetensors
+from weaver.tree import Tree
 
 TOL = 1e-4
 
@@ -171,3 +175,77 @@ def test_from_hf_model_names_mismatched_weights(tiny_pair):
     with pytest.raises(ValueError, match="q_norm"):
         from_state_dict(ModelConfig.from_hf(hf.config.to_dict()), state)
     assert from_hf_model(hf).config.family == "qwen3"
+
+
+def _plain_model(hf: torch.nn.Module) -> Transformer:
+    """Our Transformer with hf's weights in the plain layout (no prepare_for_inference): the reference path."""
+    config = ModelConfig.from_hf(hf.config.to_dict())
+    model = Transformer(config)
+    model.load_state_dict(convert_state_dict(hf.state_dict(), config))
+    return model.eval()
+
+
+def _decode_verify_commit(model: Transformer, ids: torch.Tensor) -> torch.Tensor:
+    """Logits of a prefill, two one-token steps, a tree verify, its commit and a two-token step, concatenated."""
+    cache = model.new_cache(max_seq_len=32, max_tree_nodes=4)
+    logits = [model(ids[:, :16], cache=cache).logits]
+    logits += [model(ids[:, t : t + 1], cache=cache).logits for t in (16, 17)]
+    logits.append(model.verify(Tree.from_lists([5, 6, 7, 8], [-1, 0, 0, 1]), cache).logits)
+    model.commit(cache, [0, 1, 3])
+    logits.append(model(ids[:, 18:20], cache=cache).logits)
+    return torch.cat(logits, dim=1)
+
+
+@pytest.mark.parametrize("family", TINY_FAMILIES)
+def test_inference_layout_matches_the_plain_model(family, tiny_pair):
+    """The loaders' fused, input-major weights give the plain model's outputs and keep its state_dict."""
+    hf, ours = tiny_pair(family)
+    plain = _plain_model(hf)
+    assert ours.layers[1].self_attn.qkv_weight is not None and plain.layers[1].self_attn.qkv_weight is None
+    state, plain_state = ours.state_dict(), plain.state_dict()
+    assert state.keys() == plain_state.keys() and all(torch.equal(v, plain_state[k]) for k, v in state.items())
+    ids = torch.randint(0, 97, (1, 20))
+    with torch.no_grad():
+        assert rel_err(_decode_verify_commit(ours, ids), _decode_verify_commit(plain, ids)) < 1e-6
+
+
+def test_fused_weights_follow_the_parameters_and_training_reaches_them(tiny_pair):
+    """The fused weights alias the separate projections (load_state_dict reaches both); with autograd on, the
+    separate projections run, so gradients reach q/k/v_proj and gate/up_proj."""
+    hf, ours = tiny_pair("qwen3_5_text")
+    g = torch.Generator().manual_seed(1)
+    perturbed = {k: v + 0.05 * torch.randn(v.shape, generator=g) for k, v in ours.state_dict().items()}
+    ours.load_state_dict(perturbed)
+    plain = Transformer(ours.config).eval()
+    plain.load_state_dict(perturbed)
+    ids = torch.randint(0, 97, (1, 9))
+    with torch.no_grad():
+        fused = ours(ids).logits
+        assert rel_err(fused, plain(ids).logits) < 1e-6
+    logits = ours(ids).logits
+    assert rel_err(logits.detach(), fused) < 1e-6
+    logits.square().mean().backward()
+    attn, mlp = ours.layers[1].self_attn, ours.layers[0].mlp
+    for p in (attn.q_proj.weight, attn.k_proj.weight, attn.v_proj.weight, mlp.gate_proj.weight, mlp.up_proj.weight):
+        assert p.grad is not None and p.grad.abs().sum() > 0
+
+
+@pytest.mark.parametrize("zero_centred", (False, True))
+def test_rms_norm_matches_torch(zero_centred):
+    norm = RMSNorm(64, 1e-6, zero_centred=zero_centred)
+    with torch.no_grad():
+        norm.weight.normal_()
+        x = torch.randn(3, 5, 64)
+        ref = F.rms_norm(x, (64,), 1 + norm.weight if zero_centred else norm.weight, 1e-6)
+        assert ((norm(x) - ref).abs().max() / ref.abs().max()).item() < 1e-6
+
+
+@pytest.mark.parametrize("rotary_dim", (16, 8))
+def test_rotary_is_rotate_half_rope(rotary_dim):
+    """Rotary's signed tables + apply_rotary == the textbook rotate-half RoPE, full and partial (first dims only)."""
+    x, positions = torch.randn(2, 3, 5, 16), torch.arange(7, 12)
+    cos, sin = Rotary(rotary_dim, 10000.0)(positions)
+    f = positions.float()[:, None] / 10000.0 ** (torch.arange(0, rotary_dim, 2).float() / rotary_dim)
+    x1, x2, rest = x[..., : rotary_dim // 2], x[..., rotary_dim // 2 : rotary_dim], x[..., rotary_dim:]
+    ref = torch.cat((x1 * f.cos() - x2 * f.sin(), x2 * f.cos() + x1 * f.sin(), rest), dim=-1)
+    assert torch.allclose(apply_rotary(x, cos, sin), ref, atol=1e-6)

@@ -12,10 +12,13 @@ from torch import nn
 
 from weaver.models.cache import KVCache, Pass
 from weaver.models.config import ModelConfig
-from weaver.models.layers import RMSNorm, apply_rotary
+from weaver.models.layers import RMSNorm, apply_rotary, fuse_linears
 
 
 class Attention(nn.Module):
+    qkv_weight: torch.Tensor | None
+    qkv_bias: torch.Tensor | None
+
     def __init__(self, config: ModelConfig) -> None:
         super().__init__()
         self.n_heads = config.num_attention_heads
@@ -32,6 +35,17 @@ class Attention(nn.Module):
             self.k_norm = RMSNorm(self.head_dim, config.rms_norm_eps, zero_centred=config.hybrid)
         else:
             self.q_norm = self.k_norm = None
+        # q|k|v in one matrix once fuse_projections() ran (non-persistent: the state_dict keeps q/k/v_proj)
+        self.register_buffer("qkv_weight", None, persistent=False)
+        self.register_buffer("qkv_bias", None, persistent=False)
+
+    def fuse_projections(self) -> None:
+        """Inference: q_proj, k_proj and v_proj become row blocks of one weight, so a token takes one GEMV, not three.
+
+        The three modules keep their parameters (views of the fused rows: same memory, same state_dict), and
+        forward uses the fused weight only while autograd is off, so training still reaches q/k/v_proj.
+        """
+        self.qkv_weight, self.qkv_bias = fuse_linears(self.q_proj, self.k_proj, self.v_proj)
 
     def new_cache(self, batch_size: int, slots: int, dtype: torch.dtype, device: torch.device) -> KVCache:
         shape = (batch_size, self.n_kv_heads, slots, self.head_dim)
@@ -46,16 +60,23 @@ class Attention(nn.Module):
         p.mask; without one, plain causal attention over the T tokens.
         """
         b, t, _ = x.shape
-        q = self.q_proj(x).view(b, t, self.n_heads, -1)
+        h, h_kv = self.n_heads, self.n_kv_heads
+        if self.qkv_weight is not None and not torch.is_grad_enabled():
+            kv_width = h_kv * self.head_dim
+            qkv = F.linear(x, self.qkv_weight, self.qkv_bias)
+            q, k, v = qkv.split([qkv.shape[-1] - 2 * kv_width, kv_width, kv_width], dim=-1)
+        else:
+            q, k, v = self.q_proj(x), self.k_proj(x), self.v_proj(x)
+        q = q.view(b, t, h, -1)
         if self.gated:
             q, gate = q.chunk(2, dim=-1)
-        k = self.k_proj(x).view(b, t, self.n_kv_heads, self.head_dim)
-        v = self.v_proj(x).view(b, t, self.n_kv_heads, self.head_dim).transpose(1, 2)
+        k = k.view(b, t, h_kv, self.head_dim)
+        v = v.view(b, t, h_kv, self.head_dim).transpose(1, 2)
         if self.q_norm is not None:
             q, k = self.q_norm(q), self.k_norm(k)
-        q = apply_rotary(q.transpose(1, 2), *rope)
-        k = apply_rotary(k.transpose(1, 2), *rope)
-        gqa = self.n_heads != self.n_kv_heads
+        # q and k heads side by side: RoPE in one call
+        q, k = apply_rotary(torch.cat((q, k), dim=2).transpose(1, 2), *rope).split((h, h_kv), dim=1)
+        gqa = h != h_kv
         if cache is None:
             out = F.scaled_dot_product_attention(q, k, v, is_causal=t > 1, enable_gqa=gqa)
         else:
