@@ -19,7 +19,10 @@ PRODUCERS = {"build_hybrid", "train_drafter", "train_adapter", "build_kernels", 
 
 
 def snakemake(*argv: str, cwd: Path = ROOT, timeout: int = 300) -> subprocess.CompletedProcess:
-    env = {**os.environ, "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}", "OMP_NUM_THREADS": "1"}
+    # PATH without the venv, as after the README's quick start: the Snakefile puts its interpreter first for the jobs
+    venv_bin = str(Path(sys.executable).parent)
+    path = os.pathsep.join(p for p in os.environ["PATH"].split(os.pathsep) if p != venv_bin)
+    env = {**os.environ, "PATH": path, "OMP_NUM_THREADS": "1"}
     cmd = [str(SNAKEMAKE), "--snakefile", str(ROOT / "Snakefile"), "--cores", "1", *argv]
     return subprocess.run(cmd, cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout)
 

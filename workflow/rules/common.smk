@@ -9,6 +9,9 @@ import jsonschema
 import yaml
 
 sys.path.insert(0, workflow.basedir)  # weaver.paths of this checkout, even without `pip install -e .`
+# Jobs run `python -m weaver...`: the interpreter running Snakemake comes first on their PATH, so that
+# `.venv/bin/snakemake` works without an activated venv (local jobs and sbatch jobs inherit this environment).
+os.environ["PATH"] = os.pathsep.join([os.path.dirname(sys.executable), os.environ.get("PATH", "")])
 
 from weaver import paths
 
