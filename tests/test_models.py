@@ -230,6 +230,22 @@ def test_fused_weights_follow_the_parameters_and_training_reaches_them(tiny_pair
         assert p.grad is not None and p.grad.abs().sum() > 0
 
 
+def test_inference_layout_survives_a_move(tiny_pair):
+    """.to(dtype) (as .to(device) would) moves the separate projections and fuses them again: the fused weights
+    are the moved values, the projections are views of them again (no second copy) and the head stays tied."""
+    hf, ours = tiny_pair("llama")
+    plain = _plain_model(hf).double()
+    ours.double()
+    attn, mlp = ours.layers[0].self_attn, ours.layers[0].mlp
+    assert attn.qkv_weight.dtype == torch.float64 and mlp.gate_up_weight.dtype == torch.float64
+    assert attn.q_proj.weight.untyped_storage().data_ptr() == attn.qkv_weight.untyped_storage().data_ptr()
+    assert mlp.up_proj.weight.untyped_storage().data_ptr() == mlp.gate_up_weight.untyped_storage().data_ptr()
+    assert ours.lm_head.weight is ours.embed_tokens.weight or not ours.config.tie_word_embeddings
+    ids = torch.randint(0, 97, (1, 20))
+    with torch.no_grad():
+        assert rel_err(_decode_verify_commit(ours, ids), _decode_verify_commit(plain, ids)) < 1e-12
+
+
 @pytest.mark.parametrize("zero_centred", (False, True))
 def test_rms_norm_matches_torch(zero_centred):
     norm = RMSNorm(64, 1e-6, zero_centred=zero_centred)

@@ -47,6 +47,10 @@ class Attention(nn.Module):
         """
         self.qkv_weight, self.qkv_bias = fuse_linears(self.q_proj, self.k_proj, self.v_proj)
 
+    def unfuse_projections(self) -> None:
+        """Drop the fused weight (q/k/v_proj keep their values; they stop being views once moved)."""
+        self.qkv_weight = self.qkv_bias = None
+
     def new_cache(self, batch_size: int, slots: int, dtype: torch.dtype, device: torch.device) -> KVCache:
         shape = (batch_size, self.n_kv_heads, slots, self.head_dim)
         return KVCache(torch.zeros(shape, dtype=dtype, device=device), torch.zeros(shape, dtype=dtype, device=device))

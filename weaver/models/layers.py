@@ -117,6 +117,10 @@ class MLP(nn.Module):
         """
         self.gate_up_weight, self.gate_up_bias = fuse_linears(self.gate_proj, self.up_proj)
 
+    def unfuse_projections(self) -> None:
+        """Drop the fused weight (gate/up_proj keep their values; they stop being views once moved)."""
+        self.gate_up_weight = self.gate_up_bias = None
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """x [B, T, dim] -> [B, T, dim]."""
         if self.gate_up_weight is not None and not torch.is_grad_enabled():

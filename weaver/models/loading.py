@@ -14,9 +14,7 @@ from typing import Any
 import torch
 from safetensors.torch import load_file
 
-from weaver.models.attention import Attention
 from weaver.models.config import LINEAR_ATTENTION, ModelConfig
-from weaver.models.layers import MLP
 from weaver.models.registry import resolve_target
 from weaver.models.transformer import Transformer
 
@@ -102,28 +100,8 @@ def from_state_dict(
     if config.tie_word_embeddings:
         model.lm_head.weight = model.embed_tokens.weight
     model = model.to(dtype).eval()
-    prepare_for_inference(model)
+    model.prepare_for_inference()
     return model
-
-
-def prepare_for_inference(model: Transformer) -> None:
-    """Weight layout for fast batch-1 decoding; run by the loaders, after any .to() (a move undoes the aliasing).
-
-    - fuse the projections that read the same input (attention q|k|v, MLP gate|up): one GEMV per group;
-    - store the fused weights and the LM head input-major (contiguous [in, out]), the faster GEMV (fuse_linears).
-    Values, module names and the state_dict keys stay those of the checkpoint: the fused weights alias the separate
-    parameters, which become views with other strides, and a tied LM head stays tied to the embedding. The fused
-    weights are used only with autograd off, so training code sees and updates the separate projections.
-    """
-    for module in model.modules():
-        if isinstance(module, Attention | MLP):
-            module.fuse_projections()
-    head = model.lm_head
-    tied = head.weight is model.embed_tokens.weight
-    with torch.no_grad():
-        head.weight = torch.nn.Parameter(head.weight.t().contiguous().t(), requires_grad=head.weight.requires_grad)
-    if tied:
-        model.embed_tokens.weight = head.weight
 
 
 def from_hf_model(hf_model: torch.nn.Module, dtype: torch.dtype = torch.float32) -> Transformer:

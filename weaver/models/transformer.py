@@ -76,6 +76,39 @@ class Transformer(nn.Module):
         if config.tie_word_embeddings:
             self.lm_head.weight = self.embed_tokens.weight
         self.rotary = Rotary(config.rotary_dim, config.rope_theta)
+        self.inference_layout = False  # see prepare_for_inference
+
+    def prepare_for_inference(self) -> None:
+        """Weight layout for fast batch-1 decoding (the loaders call it; it survives .to(), see _apply).
+
+        - fuse the projections that read the same input (attention q|k|v, MLP gate|up): one GEMV per group;
+        - store the fused weights and the LM head input-major (contiguous [in, out]), the faster GEMV (fuse_linears).
+        Values, module names and the state_dict keys stay those of the checkpoint: the fused weights alias the
+        separate parameters, which become views with other strides, and a tied LM head stays tied to the embedding.
+        The fused weights are used only with autograd off, so training code sees and updates the separate projections.
+        """
+        for module in self.modules():
+            if isinstance(module, Attention | MLP):
+                module.fuse_projections()
+        head = self.lm_head
+        tied = head.weight is self.embed_tokens.weight
+        with torch.no_grad():
+            head.weight = nn.Parameter(head.weight.t().contiguous().t(), requires_grad=head.weight.requires_grad)
+        if tied:
+            self.embed_tokens.weight = head.weight
+        self.inference_layout = True
+
+    def _apply(self, fn, recurse: bool = True):
+        """.to() / .cuda() / .half(): move the separate parameters only, then fuse again on the new device or dtype,
+        so the fused weights never exist twice (as moved copies beside the moved parameters)."""
+        if not self.inference_layout:
+            return super()._apply(fn, recurse)
+        for module in self.modules():
+            if isinstance(module, Attention | MLP):
+                module.unfuse_projections()
+        super()._apply(fn, recurse)
+        self.prepare_for_inference()
+        return self
 
     def new_cache(self, max_seq_len: int, max_tree_nodes: int = 1, batch_size: int = 1) -> Cache:
         """Static buffers for `max_seq_len` committed tokens plus `max_tree_nodes` scratch slots for a verify."""
