@@ -67,13 +67,10 @@ def reuse_budget_free(requests: pd.DataFrame, methods: Sequence[str]) -> pd.Data
     requests = requests.assign(budget_run=requests["budget"])
     added = []
     keys = ["host", "model", "dataset", "temperature"]
+    budgets_run = requests[requests["method"] != "ar"].groupby(keys)["budget"].agg(set)
     for method in methods:
         for key, group in requests[requests["method"] == method].groupby(keys):
-            same = requests
-            for column, value in zip(keys, key, strict=True):
-                same = same[same[column] == value]
-            wanted = sorted(set(same.loc[same["method"] != "ar", "budget"]) - set(group["budget"]))
-            for budget in wanted:
+            for budget in sorted(budgets_run[key] - set(group["budget"])):
                 below = group[group["budget"] < budget]
                 if below.empty:
                     continue

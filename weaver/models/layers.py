@@ -79,7 +79,7 @@ def fuse_linears(*linears: nn.Linear) -> tuple[torch.Tensor, torch.Tensor | None
     is ~15% faster against a wide [in, out] matrix (gate|up, the LM head) than against [out, in], and no slower for
     q|k|v. Each linear's parameters become views of their rows of the fused tensors: one copy in memory, in-place
     updates (load_state_dict, an optimizer step) reach both, and the state_dict keys and values are unchanged.
-    Moving the module afterwards (.to(device or dtype)) copies parameters and fused tensors apart: fuse after moving.
+    A move (.to(device or dtype)) would copy parameters and fused tensors apart: Transformer._apply fuses again.
     """
     with torch.no_grad():
         weight = torch.cat([m.weight for m in linears]).t().contiguous().t()

@@ -21,6 +21,8 @@ from weaver.models.gdn import GatedDeltaNet
 from weaver.models.layers import MLP, RMSNorm, Rotary
 from weaver.tree import Tree
 
+_FUSABLE = (Attention, MLP)  # modules with fuse_projections() / unfuse_projections()
+
 
 @dataclass(frozen=True)
 class ModelOutput:
@@ -88,7 +90,7 @@ class Transformer(nn.Module):
         The fused weights are used only with autograd off, so training code sees and updates the separate projections.
         """
         for module in self.modules():
-            if isinstance(module, Attention | MLP):
+            if isinstance(module, _FUSABLE):
                 module.fuse_projections()
         head = self.lm_head
         tied = head.weight is self.embed_tokens.weight
@@ -104,7 +106,7 @@ class Transformer(nn.Module):
         if not self.inference_layout:
             return super()._apply(fn, recurse)
         for module in self.modules():
-            if isinstance(module, Attention | MLP):
+            if isinstance(module, _FUSABLE):
                 module.unfuse_projections()
         super()._apply(fn, recurse)
         self.prepare_for_inference()
