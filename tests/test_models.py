@@ -198,10 +198,11 @@ def _decode_verify_commit(model: Transformer, ids: torch.Tensor) -> torch.Tensor
 
 @pytest.mark.parametrize("family", TINY_FAMILIES)
 def test_inference_layout_matches_the_plain_model(family, tiny_pair):
-    """The loaders' fused, input-major weights give the plain model's outputs and keep its state_dict."""
+    """The loaders' fused, input-major, pre-packed weights give the plain model's outputs and keep its state_dict."""
     hf, ours = tiny_pair(family)
     plain = _plain_model(hf)
     assert ours.layers[1].self_attn.qkv_weight is not None and plain.layers[1].self_attn.qkv_weight is None
+    assert ours.layers[1].self_attn.qkv_packed is not None and ours.lm_head.packed is not None
     state, plain_state = ours.state_dict(), plain.state_dict()
     assert state.keys() == plain_state.keys() and all(torch.equal(v, plain_state[k]) for k, v in state.items())
     ids = torch.randint(0, 97, (1, 20))
@@ -241,9 +242,32 @@ def test_inference_layout_survives_a_move(tiny_pair):
     assert attn.q_proj.weight.untyped_storage().data_ptr() == attn.qkv_weight.untyped_storage().data_ptr()
     assert mlp.up_proj.weight.untyped_storage().data_ptr() == mlp.gate_up_weight.untyped_storage().data_ptr()
     assert ours.lm_head.weight is ours.embed_tokens.weight or not ours.config.tie_word_embeddings
+    assert attn.qkv_packed is None and ours.lm_head.packed is None  # oneDNN packs fp32 CPU weights only
     ids = torch.randint(0, 97, (1, 20))
     with torch.no_grad():
         assert rel_err(_decode_verify_commit(ours, ids), _decode_verify_commit(plain, ids)) < 1e-12
+    ours.float()
+    assert attn.qkv_packed is not None and ours.lm_head.packed is not None
+
+
+@pytest.mark.parametrize("rows", (1, 2, 16, 128, 129))
+def test_packed_linear_matches_f_linear_and_follows_the_weight(rows):
+    """layers.linear through a PackedWeight == F.linear, for rows inside and outside PACKED_ROWS, after an in-place
+    update of the weight (the packed copy is rebuilt) and with autograd on (plain path, gradients flow)."""
+    from weaver.models.layers import PACKED_ROWS, Linear
+
+    layer = Linear(48, 200, bias=True)
+    layer.pack()
+    x = torch.randn(1, rows, 48)
+    with torch.no_grad():
+        assert rel_err(layer(x), F.linear(x, layer.weight, layer.bias)) < 1e-6
+        layer.weight.mul_(-2.0)
+        assert rel_err(layer(x), F.linear(x, layer.weight, layer.bias)) < 1e-6
+    key = layer.packed.key
+    assert (key == (layer.weight.data_ptr(), layer.weight._version)) == (PACKED_ROWS[0] <= rows <= PACKED_ROWS[1])
+    y = layer(x)
+    y.sum().backward()
+    assert y.requires_grad and layer.weight.grad is not None
 
 
 @pytest.mark.parametrize("zero_centred", (False, True))
@@ -265,3 +289,30 @@ def test_rotary_is_rotate_half_rope(rotary_dim):
     x1, x2, rest = x[..., : rotary_dim // 2], x[..., rotary_dim // 2 : rotary_dim], x[..., rotary_dim:]
     ref = torch.cat((x1 * f.cos() - x2 * f.sin(), x2 * f.cos() + x1 * f.sin(), rest), dim=-1)
     assert torch.allclose(apply_rotary(x, cos, sin), ref, atol=1e-6)
+
+
+@pytest.mark.parametrize("t", (1, 37, 64, 150))
+def test_gdn_chunked_chain_matches_the_sequential_delta_rule(t):
+    """The chunked chain form (prefill and training) against gdn_recurrent_ref: outputs, final state and gradients,
+    over several chunks and a partial one, GQA heads and a non-zero initial state."""
+    from weaver_kernels import gdn_recurrent_ref
+
+    from weaver.models.gdn import _chain_delta_rule
+
+    torch.manual_seed(t)
+    b, h, hv, dk, dv = 2, 2, 4, 8, 6
+    q = F.normalize(torch.randn(b, t, h, dk), dim=-1) * dk**-0.5
+    k = F.normalize(torch.randn(b, t, h, dk), dim=-1)
+    v = torch.randn(b, t, hv, dv, requires_grad=True)
+    g = (-torch.rand(b, t, hv) * 0.5).requires_grad_()
+    beta = torch.rand(b, t, hv)
+    s0 = torch.randn(b, hv, dk, dv)
+    o, state = _chain_delta_rule(q, k, v, g, beta, s0)
+    (o.square().sum() + state.square().sum()).backward()
+    grads = v.grad.clone(), g.grad.clone()
+    v.grad = g.grad = None
+    o_ref, state_ref = gdn_recurrent_ref(q, k, v, g, beta, s0)
+    (o_ref.square().sum() + state_ref.square().sum()).backward()
+    assert o.shape == (b, t, hv, dv) and state.shape == (b, hv, dk, dv)
+    assert rel_err(o, o_ref) < TOL and rel_err(state, state_ref) < TOL
+    assert rel_err(grads[0], v.grad) < TOL and rel_err(grads[1], g.grad) < TOL

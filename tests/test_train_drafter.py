@@ -17,8 +17,8 @@ from weaver.models import from_hf_model
 from weaver.training.drafter import (
     DrafterTrainConfig,
     add_arguments,
+    batch_loss,
     block_hidden,
-    block_loss,
     init_drafter,
     interleave_full_batches,
     pack_blocks,
@@ -224,12 +224,25 @@ def test_a_few_steps_reduce_the_loss_on_a_fixed_batch(store, target):
     losses = []
     for _ in range(30):
         opt.zero_grad()
-        loss = block_loss(drafter, target.embed_tokens, target.lm_head, ex, anchors, train)
+        loss = batch_loss(drafter, target.embed_tokens, target.lm_head, [(ex, anchors)], train)
         loss.backward()
         opt.step()
         losses.append(loss.item())
     assert losses[-1] < 0.5 * losses[0]
     assert all(p.grad is None for p in target.parameters())  # the target stays frozen
+
+
+def test_batch_loss_is_the_mean_of_the_per_example_losses(store, target):
+    """One LM head pass over all examples' rows == the mean of the examples' own position-weighted losses."""
+    drafter = init_drafter(drafter_config(), seed=0)
+    examples = store.iterate()
+    batch = [(next(examples), torch.tensor([3, 5, 7])), (next(examples), torch.tensor([2, 4]))]
+    for loss in ("kl", "ce"):
+        train = DrafterTrainConfig(gamma=4.0, loss=loss)
+        alone = [batch_loss(drafter, target.embed_tokens, target.lm_head, [pair], train) for pair in batch]
+        together = batch_loss(drafter, target.embed_tokens, target.lm_head, batch, train)
+        assert abs(alone[0].item() - alone[1].item()) > 1e-3  # two different losses, so the mean is a real check
+        assert torch.allclose(together, (alone[0] + alone[1]) / 2, rtol=1e-5)
 
 
 def test_train_drafter_checkpoints_and_resumes(tmp_path, store, target):

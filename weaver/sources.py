@@ -219,7 +219,7 @@ class DrafterSource:
         pool_size: int | None = None,
         children: int = 8,
     ) -> None:
-        from weaver.adapter import Weaver
+        from weaver.adapter import BoundAdapter, Weaver
         from weaver.builders import BUILDERS
         from weaver.drafter import load_drafter
 
@@ -237,10 +237,13 @@ class DrafterSource:
         if method.startswith("weaver"):
             if adapter is None:
                 raise ValueError(f"method {method!r} needs a Weaver adapter checkpoint (--adapter PATH)")
-            weaver = Weaver.load(adapter) if isinstance(adapter, (str, PathLike)) else adapter
-            self.adapter = weaver.bind(
-                model.embed_tokens.weight, model.lm_head.weight, pool_size=pool_size, children=children
-            )
+            if isinstance(adapter, BoundAdapter):  # bound once by the caller (Engine): its pool size and fan-out
+                self.adapter = adapter
+            else:
+                weaver = Weaver.load(adapter) if isinstance(adapter, (str, PathLike)) else adapter
+                self.adapter = weaver.bind(
+                    model.embed_tokens.weight, model.lm_head.weight, pool_size=pool_size, children=children
+                )
         self.cache = self.drafter.new_cache()
 
     def begin(self, prompt_ids: torch.Tensor, hidden: torch.Tensor | None) -> None:

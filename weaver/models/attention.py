@@ -12,7 +12,7 @@ from torch import nn
 
 from weaver.models.cache import KVCache, Pass
 from weaver.models.config import ModelConfig
-from weaver.models.layers import RMSNorm, apply_rotary, fuse_linears
+from weaver.models.layers import Linear, PackedWeight, RMSNorm, apply_rotary, fuse_linears, linear
 
 
 class Attention(nn.Module):
@@ -29,7 +29,8 @@ class Attention(nn.Module):
         self.q_proj = nn.Linear(dim, self.n_heads * self.head_dim * (2 if self.gated else 1), bias=bias)
         self.k_proj = nn.Linear(dim, self.n_kv_heads * self.head_dim, bias=bias)
         self.v_proj = nn.Linear(dim, self.n_kv_heads * self.head_dim, bias=bias)
-        self.o_proj = nn.Linear(self.n_heads * self.head_dim, dim, bias=bias)
+        self.o_proj = Linear(self.n_heads * self.head_dim, dim, bias=bias)
+        self.qkv_packed: PackedWeight | None = None
         if config.qk_norm:
             self.q_norm = RMSNorm(self.head_dim, config.rms_norm_eps, zero_centred=config.hybrid)
             self.k_norm = RMSNorm(self.head_dim, config.rms_norm_eps, zero_centred=config.hybrid)
@@ -39,17 +40,19 @@ class Attention(nn.Module):
         self.register_buffer("qkv_weight", None, persistent=False)
         self.register_buffer("qkv_bias", None, persistent=False)
 
-    def fuse_projections(self) -> None:
+    def fuse_projections(self, pack: bool = False) -> None:
         """Inference: q_proj, k_proj and v_proj become row blocks of one weight, so a token takes one GEMV, not three.
 
         The three modules keep their parameters (views of the fused rows: same memory, same state_dict), and
         forward uses the fused weight only while autograd is off, so training still reaches q/k/v_proj.
         """
         self.qkv_weight, self.qkv_bias = fuse_linears(self.q_proj, self.k_proj, self.v_proj)
+        if pack and PackedWeight.supported(self.qkv_weight):
+            self.qkv_packed = PackedWeight(self.qkv_weight)
 
     def unfuse_projections(self) -> None:
         """Drop the fused weight (q/k/v_proj keep their values; they stop being views once moved)."""
-        self.qkv_weight = self.qkv_bias = None
+        self.qkv_weight = self.qkv_bias = self.qkv_packed = None
 
     def new_cache(self, batch_size: int, slots: int, dtype: torch.dtype, device: torch.device) -> KVCache:
         shape = (batch_size, self.n_kv_heads, slots, self.head_dim)
@@ -67,7 +70,7 @@ class Attention(nn.Module):
         h, h_kv = self.n_heads, self.n_kv_heads
         if self.qkv_weight is not None and not torch.is_grad_enabled():
             kv_width = h_kv * self.head_dim
-            qkv = F.linear(x, self.qkv_weight, self.qkv_bias)
+            qkv = linear(x, self.qkv_weight, self.qkv_bias, self.qkv_packed)
             q, k, v = qkv.split([qkv.shape[-1] - 2 * kv_width, kv_width, kv_width], dim=-1)
         else:
             q, k, v = self.q_proj(x), self.k_proj(x), self.v_proj(x)

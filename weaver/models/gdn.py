@@ -5,9 +5,10 @@ g = -exp(A_log) * softplus(a + dt_bias), beta = sigmoid(b); the delta rule
     S <- e^g S;  u = beta (v - S^T k);  S <- S + k u^T;  o = S^T q
 with HV value heads sharing H key heads (GQA); output out_proj(RMSNorm(o) * silu(z)).
 
-A chain of T > 1 new tokens is a tree that is a chain: its outputs come from the tree solve and its state from the
-commit along the whole chain, in chunks. One new token takes the recurrent step in place on the cached state. A
-verify writes no recurrent state: it stashes (k, v, g, beta) and the conv inputs of its nodes for commit.
+A chain of T > 1 new tokens (prefill, training) runs in chunks: per chunk one triangular solve (the tree solve on a
+chain) gives the outputs and the state in closed form, batched over B and heads. One new token takes the recurrent
+step in place on the cached state. A verify writes no recurrent state: it stashes (k, v, g, beta) and the conv
+inputs of its nodes for commit.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ from torch import nn
 
 from weaver.models.cache import GDNCache, Pass
 from weaver.models.config import ModelConfig
-from weaver.models.layers import GatedRMSNorm
+from weaver.models.layers import GatedRMSNorm, Linear
 
 # weaver_kernels exports dispatchers (fast kernel or reference) under the plain names once they exist for an op;
 # the references have the same signatures.
@@ -28,7 +29,7 @@ _tree_commit = getattr(weaver_kernels, "gdn_tree_commit", weaver_kernels.gdn_tre
 _tree_conv = getattr(weaver_kernels, "gdn_tree_conv1d", weaver_kernels.gdn_tree_conv1d_ref)
 _tree_conv_commit = getattr(weaver_kernels, "gdn_tree_conv_commit", weaver_kernels.gdn_tree_conv_commit_ref)
 
-CHAIN_CHUNK = 64  # tokens per tree solve when a long chain (prefill) is run as chain-shaped trees
+CHAIN_CHUNK = 64  # tokens per triangular solve when a chain of new tokens (prefill) is run in chunks
 
 
 def _l2norm(x: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
@@ -51,15 +52,15 @@ class GatedDeltaNet(nn.Module):
         self.width = config.linear_conv_kernel_dim
         dim = config.hidden_size
         self.conv_dim = 2 * self.n_k * self.dk + self.n_v * self.dv
-        self.in_proj_qkv = nn.Linear(dim, self.conv_dim, bias=False)
-        self.in_proj_z = nn.Linear(dim, self.n_v * self.dv, bias=False)
+        self.in_proj_qkv = Linear(dim, self.conv_dim, bias=False)
+        self.in_proj_z = Linear(dim, self.n_v * self.dv, bias=False)
         self.in_proj_b = nn.Linear(dim, self.n_v, bias=False)
         self.in_proj_a = nn.Linear(dim, self.n_v, bias=False)
         self.conv1d = nn.Conv1d(self.conv_dim, self.conv_dim, self.width, groups=self.conv_dim, bias=False)
         self.dt_bias = nn.Parameter(torch.ones(self.n_v))
         self.A_log = nn.Parameter(torch.log(torch.empty(self.n_v).uniform_(0.01, 16)))
         self.norm = GatedRMSNorm(self.dv, config.rms_norm_eps)
-        self.out_proj = nn.Linear(self.n_v * self.dv, dim, bias=False)
+        self.out_proj = Linear(self.n_v * self.dv, dim, bias=False)
 
     def new_cache(self, batch_size: int, max_tree_nodes: int, dtype: torch.dtype, device: torch.device) -> GDNCache:
         b, n = batch_size, max_tree_nodes
@@ -147,13 +148,39 @@ def _recurrent_step(q, k, v, g, beta, state: torch.Tensor) -> torch.Tensor:
 
 
 def _chain_delta_rule(q, k, v, g, beta, state: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """A chain [B, T, ...] as chain-shaped trees of CHAIN_CHUNK tokens -> (o [B, T, HV, V], state [B, HV, K, V])."""
+    """A chain of T tokens in chunks of CHAIN_CHUNK -> (o [B, T, HV, V], final state [B, HV, K, V]), in fp32.
+
+    q, k [B, T, H, K] (normalised, q scaled), v [B, T, HV, V], g, beta [B, T, HV], state [B, HV, K, V]. Per chunk,
+    with G the chunk-local cumsum of g and S the state before the chunk (the tree solve of weaver_kernels' reference
+    on a chain, batched, plus the state in closed form instead of a token-by-token replay):
+        (I + A) U = beta (V - e^G K S),  A_ij = beta_i e^(G_i - G_j) k_i . k_j  (j < i)
+        o = e^G Q S + (e^(G_i - G_j) q_i . k_j)_(j <= i) U,   S' = e^(G_last) S + (e^(G_last - G) K)^T U
+    tests/test_gdn.py checks it against the sequential gdn_recurrent_ref.
+    """
+    b, t, h, _ = q.shape
+    hv = v.shape[2]
+    rep = hv // h
+    # [B, HV, T, .] in fp32, key heads repeated for their value heads (GQA)
+    qe = q.float().repeat_interleave(rep, dim=2).transpose(1, 2)
+    ke = k.float().repeat_interleave(rep, dim=2).transpose(1, 2)
+    vv, gg, bb = v.float().transpose(1, 2), g.float().transpose(1, 2), beta.float().transpose(1, 2)
+    state = state.float()
     outs = []
-    for lo in range(0, q.shape[1], CHAIN_CHUNK):
+    for lo in range(0, t, CHAIN_CHUNK):
         s = slice(lo, lo + CHAIN_CHUNK)
-        n = q[:, s].shape[1]
-        parents = torch.arange(-1, n - 1, device=q.device).expand(q.shape[0], n)
-        outs.append(_tree_verify(q[:, s], k[:, s], v[:, s], g[:, s], beta[:, s], parents, state))
-        leaf = torch.full((q.shape[0],), n - 1, dtype=torch.long)
-        state = _tree_commit(k[:, s], v[:, s], g[:, s], beta[:, s], parents, state, leaf)
-    return torch.cat(outs, dim=1), state
+        qc, kc, vc, bc = qe[:, :, s], ke[:, :, s], vv[:, :, s], bb[:, :, s]
+        n = qc.shape[2]
+        G = gg[:, :, s].cumsum(-1)  # [B, HV, n]
+        lower = torch.ones(n, n, dtype=torch.bool, device=q.device).tril()
+        diff = G[..., :, None] - G[..., None, :]
+        # e^(G_i - G_j) <= 1 for j <= i; the masked (j > i) entries go to -inf before exp so nothing overflows
+        decay = diff.masked_fill(~lower, float("-inf")).exp()
+        strict = decay.masked_fill(torch.eye(n, dtype=torch.bool, device=q.device), 0.0)
+        A = bc[..., :, None] * strict * (kc @ kc.transpose(-1, -2))
+        rhs = bc[..., None] * (vc - G.exp()[..., None] * (kc @ state))
+        eye = torch.eye(n, dtype=A.dtype, device=A.device)
+        U = torch.linalg.solve_triangular(eye + A, rhs, upper=False, unitriangular=True)  # [B, HV, n, V]
+        outs.append(G.exp()[..., None] * (qc @ state) + (decay * (qc @ kc.transpose(-1, -2))) @ U)
+        last = G[..., -1:]  # [B, HV, 1]
+        state = last.exp()[..., None] * state + (kc * (last - G).exp()[..., None]).transpose(-1, -2) @ U
+    return torch.cat(outs, dim=2).transpose(1, 2), state

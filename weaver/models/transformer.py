@@ -18,10 +18,11 @@ from weaver.models.attention import Attention
 from weaver.models.cache import Cache, Pass
 from weaver.models.config import LINEAR_ATTENTION, ModelConfig
 from weaver.models.gdn import GatedDeltaNet
-from weaver.models.layers import MLP, RMSNorm, Rotary
+from weaver.models.layers import MLP, Linear, RMSNorm, Rotary
 from weaver.tree import Tree
 
 _FUSABLE = (Attention, MLP)  # modules with fuse_projections() / unfuse_projections()
+PACK_MAX_BYTES = 2 << 30  # pre-pack CPU weights (layers.PackedWeight) only for models up to this size: it doubles them
 
 
 @dataclass(frozen=True)
@@ -74,30 +75,40 @@ class Transformer(nn.Module):
             nn.init.normal_(embedding)  # nn.Embedding's own initialisation
         self.layers = nn.ModuleList(DecoderLayer(config, kind) for kind in config.layer_types)
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps, zero_centred=config.hybrid)
-        self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
+        self.lm_head = Linear(config.hidden_size, config.vocab_size, bias=False)
         if config.tie_word_embeddings:
             self.lm_head.weight = self.embed_tokens.weight
         self.rotary = Rotary(config.rotary_dim, config.rope_theta)
         self.inference_layout = False  # see prepare_for_inference
+        self._pack = False
 
-    def prepare_for_inference(self) -> None:
-        """Weight layout for fast batch-1 decoding (the loaders call it; it survives .to(), see _apply).
+    def prepare_for_inference(self, pack: bool | None = None) -> None:
+        """Weight layout for fast decoding and verification (the loaders call it; it survives .to(), see _apply).
 
         - fuse the projections that read the same input (attention q|k|v, MLP gate|up): one GEMV per group;
-        - store the fused weights and the LM head input-major (contiguous [in, out]), the faster GEMV (fuse_linears).
+        - store the fused weights and the LM head input-major (contiguous [in, out]), the faster GEMV (fuse_linears);
+        - on a CPU in fp32, pre-pack the large weights for oneDNN (layers.PackedWeight), used for 2-128 rows: the
+          shapes of a verify, a batched decode and a prefill chunk. `pack` None packs models of at most
+          PACK_MAX_BYTES of parameters (the packed copies double the weights' memory); True / False force it.
         Values, module names and the state_dict keys stay those of the checkpoint: the fused weights alias the
         separate parameters, which become views with other strides, and a tied LM head stays tied to the embedding.
-        The fused weights are used only with autograd off, so training code sees and updates the separate projections.
+        The fused and packed weights are used only with autograd off, so training code sees and updates the
+        separate projections.
         """
-        for module in self.modules():
-            if isinstance(module, _FUSABLE):
-                module.fuse_projections()
+        if pack is None:
+            pack = sum(p.numel() * p.element_size() for p in self.parameters()) <= PACK_MAX_BYTES
+        self._pack = pack
         head = self.lm_head
         tied = head.weight is self.embed_tokens.weight
         with torch.no_grad():
             head.weight = nn.Parameter(head.weight.t().contiguous().t(), requires_grad=head.weight.requires_grad)
         if tied:
             self.embed_tokens.weight = head.weight
+        for module in self.modules():
+            if isinstance(module, _FUSABLE):
+                module.fuse_projections(pack)
+            elif isinstance(module, Linear):
+                module.pack() if pack else module.unpack()
         self.inference_layout = True
 
     def _apply(self, fn, recurse: bool = True):
@@ -108,8 +119,10 @@ class Transformer(nn.Module):
         for module in self.modules():
             if isinstance(module, _FUSABLE):
                 module.unfuse_projections()
+            elif isinstance(module, Linear):
+                module.unpack()
         super()._apply(fn, recurse)
-        self.prepare_for_inference()
+        self.prepare_for_inference(self._pack)
         return self
 
     def new_cache(self, max_seq_len: int, max_tree_nodes: int = 1, batch_size: int = 1) -> Cache:
