@@ -263,8 +263,8 @@ def test_packed_linear_matches_f_linear_and_follows_the_weight(rows):
         assert rel_err(layer(x), F.linear(x, layer.weight, layer.bias)) < 1e-6
         layer.weight.mul_(-2.0)
         assert rel_err(layer(x), F.linear(x, layer.weight, layer.bias)) < 1e-6
-    key = layer.packed.key
-    assert (key == (layer.weight.data_ptr(), layer.weight._version)) == (PACKED_ROWS[0] <= rows <= PACKED_ROWS[1])
+    used = PACKED_ROWS[0] <= rows <= PACKED_ROWS[1]
+    assert (layer.packed.key == (layer.weight.data_ptr(), layer.weight._version)) == used  # packed on first use
     y = layer(x)
     y.sum().backward()
     assert y.requires_grad and layer.weight.grad is not None

@@ -58,7 +58,10 @@ class GatedDeltaNet(nn.Module):
         self.in_proj_a = nn.Linear(dim, self.n_v, bias=False)
         self.conv1d = nn.Conv1d(self.conv_dim, self.conv_dim, self.width, groups=self.conv_dim, bias=False)
         self.dt_bias = nn.Parameter(torch.ones(self.n_v))
-        self.A_log = nn.Parameter(torch.log(torch.empty(self.n_v).uniform_(0.01, 16)))
+        a_log = torch.empty(self.n_v)
+        if not a_log.is_meta:  # the loaders build under torch.device("meta"), where these ops would import ~1 s
+            a_log.uniform_(0.01, 16).log_()
+        self.A_log = nn.Parameter(a_log)
         self.norm = GatedRMSNorm(self.dv, config.rms_norm_eps)
         self.out_proj = Linear(self.n_v * self.dv, dim, bias=False)
 

@@ -83,13 +83,15 @@ class PackedWeight:
     batched decode), so the call streams the weight about three times; oneDNN's packed layout is made once. Measured
     on this project's 2-core x86 CPU (fp32, one thread, weights out of cache): SmolLM2's gate|up [3072, 576] at 16
     rows 1.48 -> 0.90 ms, its LM head [49152, 576] 23.2 -> 13.4 ms; at 1 row and at 256 rows the packed form is not
-    faster, so `linear` uses it for PACKED_ROWS only. The copy follows the weight: it is rebuilt when the weight's
+    faster, so `linear` uses it for PACKED_ROWS only. The copy is made at the first call that uses it (a job that
+    only decodes one token at a time never pays for it) and follows the weight: it is rebuilt when the weight's
     storage or version counter changed (load_state_dict, an optimizer step). It costs one more copy in memory.
     """
 
     def __init__(self, weight: torch.Tensor) -> None:
         self.weight = weight
-        self._pack()
+        self.key: tuple[int, int] | None = None
+        self.opaque: torch.Tensor | None = None
 
     @staticmethod
     def supported(weight: torch.Tensor) -> bool:
