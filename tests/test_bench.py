@@ -132,8 +132,28 @@ def test_corrupt_middle_line_is_an_error(tmp_path: Path) -> None:
         (["--method", "chain", "--budget", "0"], "needs a tree budget"),
         (["--method", "chain", "--budget", "8"], "--drafter"),
         (["--method", "weaver", "--budget", "8", "--drafter", "d"], "--adapter"),
+        (["--method", "weaver", "--budget", "8", "--drafter", "d", "--adapter", "a", "--children", "0"], ">= 1"),
+        (
+            [
+                "--method",
+                "weaver",
+                "--budget",
+                "8",
+                "--drafter",
+                "d",
+                "--adapter",
+                "a",
+                "--children",
+                "16",
+                "--backend",
+                "server",
+                "--server-url",
+                "http://127.0.0.1:1",
+            ],
+            "--backend engine only",
+        ),
     ],
-    ids=["ar-budget", "chain-no-budget", "chain-no-drafter", "weaver-no-adapter"],
+    ids=["ar-budget", "chain-no-budget", "chain-no-drafter", "weaver-no-adapter", "zero-children", "children-server"],
 )
 def test_bad_cells_are_refused(argv: list[str], message: str) -> None:
     base = ["--model", "smollm2-135m", "--dataset", "mt_bench", "--temperature", "0", "--n-prompts", "2"]

@@ -57,6 +57,26 @@ def test_engine_shares_one_config_across_methods(target, drafter_dir) -> None:
         assert not isinstance(engine.options.get("drafter"), (str, Path))
 
 
+def test_weaver_engine_binds_the_adapter_once_with_its_fan_out(target, drafter_dir, tmp_path) -> None:
+    """The engine binds the adapter (its [V, d] tables) once, with EngineConfig.children, and stays lossless."""
+    from tiny_models import tiny_adapter
+
+    from weaver.adapter import BoundAdapter
+
+    _, model = target
+    tiny_adapter(model).save(tmp_path / "adapter.pt")
+    ar = run_ours(Engine(EngineConfig("tiny"), model), PROMPT, 12)
+    for children in (1, 4):
+        config = EngineConfig("tiny", "weaver", 8, str(drafter_dir), str(tmp_path / "adapter.pt"), children=children)
+        engine = Engine(config, model)
+        bound = engine.options["adapter"]
+        assert isinstance(bound, BoundAdapter) and bound.children == children
+        assert run_ours(engine, PROMPT, 12).output_ids == ar.output_ids
+        assert engine.options["adapter"] is bound  # not rebound per request
+    with pytest.raises(ValueError, match="children must be >= 1"):
+        EngineConfig("tiny", "weaver", 8, str(drafter_dir), "a.pt", children=0).check()
+
+
 def test_transformers_peers_count_forwards(target) -> None:
     hf, model = target
     plain = run_transformers(hf, PROMPT, 12, None)

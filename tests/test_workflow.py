@@ -65,7 +65,11 @@ def test_dry_run_of_every_config(config: str, tmp_path: Path) -> None:
     assert run.returncode == 0, run.stdout + run.stderr
     counts = job_counts(run.stdout)
     assert counts.get("bench_cell", 0) > 0 and counts.get("analyze") == 1
-    grids = yaml.safe_load((ROOT / "config" / config).read_text())["grids"]
+    resolved = yaml.safe_load((ROOT / "config" / config).read_text())
+    children = resolved.get("weaver_children", 8)
+    weaver_commands = [line for line in run.stdout.splitlines() if "--method weaver " in line]
+    assert weaver_commands and all(f"--children {children} " in line for line in weaver_commands)
+    grids = resolved["grids"]
     for grid in grids:  # a budget-free method runs at the grid's smallest budget only
         for method in grid.get("budget_free", []):
             runs = set(re.findall(rf"/{method}/b(\d+)-t", run.stdout))
@@ -100,8 +104,10 @@ def test_paper_config_has_the_papers_grid() -> None:
         ({"datasets": {"mt_bench": 0}}, ["datasets.mt_bench", "minimum"]),
         ({"grids": [{"models": ["smollm2-135m"], "datasets": ["mt_bench"], "methods": ["ar", "chain"], "budgets": [4],
                      "temperatures": [0], "budget_free": ["ddtree"]}]}, ["grids.budget_free", "'ddtree'", "'chain'"]),
+        ({"weaver_children": 16, "backend": "sglang"}, ["weaver_children", "backend engine", "'sglang'"]),
     ],
-    ids=["unknown-method", "unknown-verify-mode", "misspelt-key", "zero-prompts", "budget-free-not-in-grid"],
+    ids=["unknown-method", "unknown-verify-mode", "misspelt-key", "zero-prompts", "budget-free-not-in-grid",
+         "children-on-sglang"],
 )  # fmt: skip
 def test_bad_config_fails_at_once_naming_key_and_allowed(tmp_path: Path, change: dict, names: list[str]) -> None:
     config = yaml.safe_load((ROOT / "config" / "smoke.yaml").read_text())

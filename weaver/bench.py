@@ -55,6 +55,7 @@ class CellConfig:
     backend: str = "engine"  # weaver.backends.BACKENDS
     server_url: str | None = None  # backend "server": base URL of a running SGLang-protocol server
     port: int = 30000  # backend "sglang": loopback port of the launched server
+    children: int = 8  # weaver, weaver_chain: fan-out of the builder (engine backend; the servers use their own)
 
     def key(self) -> dict[str, Any]:
         """The fields every record of this cell carries and resume checks."""
@@ -89,6 +90,13 @@ def check_cell(cell: CellConfig) -> None:
         raise ValueError(f"method {cell.method!r} drafts with a drafter: give --drafter CHECKPOINT_DIR")
     if cell.method in ADAPTER_METHODS and not cell.adapter:
         raise ValueError(f"method {cell.method!r} uses the Weaver adapter: give --adapter CHECKPOINT")
+    if cell.children < 1:
+        raise ValueError(f"--children must be >= 1, got {cell.children}")
+    if cell.children != 8 and cell.backend != "engine":
+        raise ValueError(
+            f"--children {cell.children}: the {cell.backend} backend builds Weaver trees with its server's fan-out "
+            "(8 in the authors' SGLang fork); --children applies to --backend engine only"
+        )
     if cell.backend == "server" and not cell.server_url:
         raise ValueError("--backend server needs --server-url http://HOST:PORT (a running SGLang-protocol server)")
 
@@ -257,6 +265,9 @@ def parse_args(argv: Sequence[str] | None = None) -> CellConfig:
     p.add_argument("--mode", default="target_only", choices=("target_only", "traversal"), help="verifier at T > 0")
     p.add_argument("--drafter", default=None, help="drafter checkpoint folder (chain, ddtree, weaver, weaver_chain)")
     p.add_argument("--adapter", default=None, help="Weaver adapter checkpoint file (weaver, weaver_chain)")
+    p.add_argument(
+        "--children", type=int, default=8, help="weaver builders' fan-out per expanded node (paper: 8; engine only)"
+    )
     p.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's choice)")
     p.add_argument("--out", required=True, help="cell folder: records.jsonl and meta.json are written there")
     p.add_argument("--backend", default="engine", choices=BACKENDS, help="engine (in process), server, or sglang")
@@ -281,6 +292,7 @@ def parse_args(argv: Sequence[str] | None = None) -> CellConfig:
         backend=a.backend,
         server_url=a.server_url,
         port=a.port,
+        children=a.children,
     )
     check_cell(cell)
     return cell
@@ -294,7 +306,9 @@ def make_backend(cell: CellConfig, model: Any = None, tokenizer: Any = None):
     if cell.backend == "engine":
         from weaver.backends.engine import Engine, EngineBackend, EngineConfig
 
-        config = EngineConfig(cell.model, cell.method, cell.budget, cell.drafter, cell.adapter, cell.mode)
+        config = EngineConfig(
+            cell.model, cell.method, cell.budget, cell.drafter, cell.adapter, cell.mode, children=cell.children
+        )
         return EngineBackend(Engine(config, model, tokenizer), **sampling)
     if cell.backend == "server":
         return ServerClient(cell.server_url, method=cell.method, **sampling)

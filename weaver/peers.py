@@ -136,7 +136,7 @@ def make_runners(args: argparse.Namespace, model: Any, tokenizer: Any) -> dict[s
         runners["dflash_reference"] = lambda ids, n: run_dflash_reference(dflash_model, hf_model, ids, n, eos)
     for method in (p for p in OUR_PEERS if p in args.peers):
         budget = 0 if method == "ar" else args.budget
-        config = EngineConfig(args.model, method, budget, args.drafter, args.adapter)
+        config = EngineConfig(args.model, method, budget, args.drafter, args.adapter, children=args.children)
         engine = Engine(config, model, tokenizer)
         runners[method] = lambda ids, n, engine=engine: run_ours(engine, ids, n)
     return runners
@@ -188,6 +188,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument("--lookup-tokens", type=int, default=10, help="transformers' prompt_lookup_num_tokens")
     p.add_argument("--drafter", default=None, help="drafter folder (dflash_reference, chain, ddtree, weaver)")
     p.add_argument("--adapter", default=None, help="Weaver adapter checkpoint (weaver)")
+    p.add_argument("--children", type=int, default=8, help="weaver builder's fan-out per expanded node (paper: 8)")
     p.add_argument("--peers", default=",".join(PEERS), help=f"comma-separated subset of {', '.join(PEERS)}")
     p.add_argument("--warmup-tokens", type=int, default=8, help="untimed warm-up generation per peer (0 = none)")
     p.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's choice)")

@@ -23,8 +23,11 @@ class EngineConfig:
     drafter: str | None = None
     adapter: str | None = None
     mode: str = "target_only"  # sampling verifier at temperature > 0
+    children: int = 8  # weaver builders' fan-out: top pool children per expanded node (8 in the paper)
 
     def check(self) -> None:
+        if self.children < 1:
+            raise ValueError(f"children must be >= 1 (top pool children per expanded node), got {self.children}")
         if self.method == "ar" and self.budget != 0:
             raise ValueError(f"method 'ar' drafts nothing: use budget 0, got {self.budget}")
         if self.method != "ar" and self.budget < 1:
@@ -56,7 +59,9 @@ class Engine:
             from weaver.adapter import Weaver
 
             # its [V, d] tables depend on the target only: computed once, not per request (~0.5 s for SmolLM2)
-            self.options["adapter"] = Weaver.load(config.adapter).bind(model.embed_tokens.weight, model.lm_head.weight)
+            self.options["adapter"] = Weaver.load(config.adapter).bind(
+                model.embed_tokens.weight, model.lm_head.weight, children=config.children
+            )
         eos = getattr(tokenizer, "eos_token_id", None)
         self.eos_ids: tuple[int, ...] = (eos,) if eos is not None else ()
 

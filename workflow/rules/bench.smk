@@ -18,7 +18,7 @@ def checkpoint_flags(wc):
     if wc.method in DRAFTER_METHODS:
         flags += ["--drafter", checkpoint_of(wc.model, "drafter")]
     if wc.method in ADAPTER_METHODS:
-        flags += ["--adapter", checkpoint_of(wc.model, "adapter")]
+        flags += ["--adapter", checkpoint_of(wc.model, "adapter"), "--children", config["weaver_children"]]
     return args(flags)
 
 

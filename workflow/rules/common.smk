@@ -50,6 +50,11 @@ def validate_config(config, schema_path):
                 raise ValueError(
                     f"config key grids.budget_free: {method!r} is not a tree method of the same grid {grid['methods']}"
                 )
+    if config["weaver_children"] != 8 and config["backend"] != "engine":
+        raise ValueError(
+            f"config key weaver_children: {config['weaver_children']} needs backend engine (got {config['backend']!r}:"
+            " an SGLang server builds Weaver trees with its own fan-out); use 8 or backend engine"
+        )
 
 
 validate_config(config, workflow.source_path("../schemas/config.schema.yaml"))

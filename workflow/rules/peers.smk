@@ -26,7 +26,7 @@ def peers_flags(wc, input):
     if "drafter" in input.keys():
         flags += ["--drafter", checkpoint_of(wc.model, "drafter")]
     if "adapter" in input.keys():
-        flags += ["--adapter", checkpoint_of(wc.model, "adapter")]
+        flags += ["--adapter", checkpoint_of(wc.model, "adapter"), "--children", config["weaver_children"]]
     return args(flags)
 
 
