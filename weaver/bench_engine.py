@@ -5,8 +5,10 @@ exactly `--max-new-tokens` tokens. Prints a table of tokens/s (wall time includi
 that both produced the same tokens. A third row is the machine's GEMV floor for this model: one matrix-vector product
 with every weight matrix of the model (every nn.Linear, lm_head included), timed in the same run. No fp32 decoder can
 take less time per token than that on this machine, so floor / transformers bounds the ratio any engine can reach.
+`--verify-nodes N ...` adds a table of one tree verify of N nodes (the step of every speculative method) with the
+CPU weights pre-packed for oneDNN (the loaders' default) and without, timed side by side.
 
-    python -m weaver.bench_engine --model smollm2-135m --prompts 4 --max-new-tokens 128
+    python -m weaver.bench_engine --model smollm2-135m --prompts 4 --max-new-tokens 128 --verify-nodes 16 32 64
 """
 
 from __future__ import annotations
@@ -66,12 +68,48 @@ def gemv_floor_s(model: torch.nn.Module, repeats: int = 20) -> float:
     return statistics.median(times[2:])
 
 
+def verify_ms(model, prefix: list[int], n_nodes: int, repeats: int = 10) -> float:
+    """Median milliseconds of one verify of an N-node tree (each node's parent (i - 1) // 2) after `prefix`."""
+    from weaver.tree import Tree
+
+    parents = [-1] + [(i - 1) // 2 for i in range(1, n_nodes)]
+    tree = Tree.from_lists([(7 * i + 1) % model.config.vocab_size for i in range(n_nodes)], parents)
+    cache = model.new_cache(max_seq_len=len(prefix) + n_nodes + 1, max_tree_nodes=n_nodes)
+    times = []
+    with torch.inference_mode():
+        model(torch.tensor([prefix]), cache=cache)
+        for _ in range(repeats + 2):
+            start = time.perf_counter()
+            model.verify(tree, cache)
+            times.append(time.perf_counter() - start)
+            cache.discard_pending()
+    return 1e3 * statistics.median(times[2:])
+
+
+def verify_table(model, prefix: list[int], sizes: Sequence[int]) -> list[str]:
+    """Markdown rows: verify ms per tree size with unpacked and pre-packed weights, measured alternately."""
+    rows = [
+        "| tree nodes | verify ms, plain weights | verify ms, pre-packed (default) | speedup |",
+        "|---|---|---|---|",
+    ]
+    for n in sizes:
+        model.prepare_for_inference(pack=False)
+        plain = verify_ms(model, prefix, n)
+        model.prepare_for_inference(pack=True)
+        packed = verify_ms(model, prefix, n)
+        rows.append(f"| {n} | {plain:.1f} | {packed:.1f} | {plain / packed:.2f}x |")
+    return rows
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m weaver.bench_engine", description=__doc__.splitlines()[0])
     p.add_argument("--model", default="smollm2-135m", help="registry name or local Hugging Face folder")
     p.add_argument("--prompts", type=int, default=4, help=f"number of prompts (at most {len(PROMPTS)})")
     p.add_argument("--max-new-tokens", type=int, default=128, help="tokens generated per prompt by both engines")
     p.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's choice)")
+    p.add_argument(
+        "--verify-nodes", type=int, nargs="*", default=(), help="also time one tree verify of each of these sizes"
+    )
     args = p.parse_args(argv)
     from weaver.models import load_hf_reference, load_target
 
@@ -112,6 +150,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         f"\nratio weaver / transformers: {ours_m / theirs_m:.2f}x; identical outputs on {same}/{len(prompts)} prompts"
     )
     print(f"upper bound of any fp32 engine over transformers on this machine: {floor / theirs_m:.2f}x (GEMV floor)")
+    if args.verify_nodes:
+        print(f"\none tree verify after the first prompt ({len(prompts[0])} tokens), median of 10:\n")
+        print("\n".join(verify_table(model, prompts[0], args.verify_nodes)))
     return 0
 
 

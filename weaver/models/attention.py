@@ -44,11 +44,11 @@ class Attention(nn.Module):
         """Inference: q_proj, k_proj and v_proj become row blocks of one weight, so a token takes one GEMV, not three.
 
         The three modules keep their parameters (views of the fused rows: same memory, same state_dict), and
-        forward uses the fused weight only while autograd is off, so training still reaches q/k/v_proj.
+        forward uses the fused weight only while autograd is off, so training still reaches q/k/v_proj. `pack`: also
+        a PackedWeight of it (layers.PackedWeight).
         """
         self.qkv_weight, self.qkv_bias = fuse_linears(self.q_proj, self.k_proj, self.v_proj)
-        if pack and PackedWeight.supported(self.qkv_weight):
-            self.qkv_packed = PackedWeight(self.qkv_weight)
+        self.qkv_packed = PackedWeight.of(self.qkv_weight, pack)
 
     def unfuse_projections(self) -> None:
         """Drop the fused weight (q/k/v_proj keep their values; they stop being views once moved)."""

@@ -79,8 +79,8 @@ PACKED_ROWS = (2, 128)  # rows (tokens) for which a pre-packed weight beats MKL'
 class PackedWeight:
     """A oneDNN pre-packed copy of a CPU fp32 weight [out, in] for inference GEMMs of a few rows.
 
-    MKL repacks the weight on every call of a GEMM with 2 to ~100 rows (a verify of N tree nodes, a drafter block, a
-    batched decode), so the call streams the weight about three times; oneDNN's packed layout is made once. Measured
+    MKL packs the weight into its blocked layout inside every GEMM call, which dominates a GEMM of 2 to ~100 rows (a
+    verify of N tree nodes, a drafter block, a batched decode); oneDNN's packed layout is made once. Measured
     on this project's 2-core x86 CPU (fp32, one thread, weights out of cache): SmolLM2's gate|up [3072, 576] at 16
     rows 1.48 -> 0.90 ms, its LM head [49152, 576] 23.2 -> 13.4 ms; at 1 row and at 256 rows the packed form is not
     faster, so `linear` uses it for PACKED_ROWS only. The copy is made at the first call that uses it (a job that
@@ -96,6 +96,11 @@ class PackedWeight:
     @staticmethod
     def supported(weight: torch.Tensor) -> bool:
         return weight.device.type == "cpu" and weight.dtype == torch.float32 and torch.backends.mkldnn.is_available()
+
+    @classmethod
+    def of(cls, weight: torch.Tensor, pack: bool = True) -> PackedWeight | None:
+        """A PackedWeight of `weight` when `pack` and the weight is supported (CPU fp32), else None."""
+        return cls(weight) if pack and cls.supported(weight) else None
 
     def _pack(self) -> None:
         self.key = (self.weight.data_ptr(), self.weight._version)
@@ -126,7 +131,7 @@ class Linear(nn.Linear):
     packed: PackedWeight | None = None
 
     def pack(self) -> None:
-        self.packed = PackedWeight(self.weight) if PackedWeight.supported(self.weight) else None
+        self.packed = PackedWeight.of(self.weight)
 
     def unpack(self) -> None:
         self.packed = None
@@ -181,8 +186,7 @@ class MLP(nn.Module):
         PackedWeight of it.
         """
         self.gate_up_weight, self.gate_up_bias = fuse_linears(self.gate_proj, self.up_proj)
-        if pack and PackedWeight.supported(self.gate_up_weight):
-            self.gate_up_packed = PackedWeight(self.gate_up_weight)
+        self.gate_up_packed = PackedWeight.of(self.gate_up_weight, pack)
 
     def unfuse_projections(self) -> None:
         """Drop the fused weight (gate/up_proj keep their values; they stop being views once moved)."""
