@@ -158,7 +158,7 @@ def _chain_delta_rule(q, k, v, g, beta, state: torch.Tensor) -> tuple[torch.Tens
     on a chain, batched, plus the state in closed form instead of a token-by-token replay):
         (I + A) U = beta (V - e^G K S),  A_ij = beta_i e^(G_i - G_j) k_i . k_j  (j < i)
         o = e^G Q S + (e^(G_i - G_j) q_i . k_j)_(j <= i) U,   S' = e^(G_last) S + (e^(G_last - G) K)^T U
-    tests/test_gdn.py checks it against the sequential gdn_recurrent_ref.
+    tests/test_models.py checks it (values and gradients) against the sequential gdn_recurrent_ref.
     """
     b, t, h, _ = q.shape
     hv = v.shape[2]
@@ -174,15 +174,13 @@ def _chain_delta_rule(q, k, v, g, beta, state: torch.Tensor) -> tuple[torch.Tens
         qc, kc, vc, bc = qe[:, :, s], ke[:, :, s], vv[:, :, s], bb[:, :, s]
         n = qc.shape[2]
         G = gg[:, :, s].cumsum(-1)  # [B, HV, n]
-        lower = torch.ones(n, n, dtype=torch.bool, device=q.device).tril()
+        eye = torch.eye(n, dtype=torch.bool, device=q.device)
         diff = G[..., :, None] - G[..., None, :]
         # e^(G_i - G_j) <= 1 for j <= i; the masked (j > i) entries go to -inf before exp so nothing overflows
-        decay = diff.masked_fill(~lower, float("-inf")).exp()
-        strict = decay.masked_fill(torch.eye(n, dtype=torch.bool, device=q.device), 0.0)
-        A = bc[..., :, None] * strict * (kc @ kc.transpose(-1, -2))
+        decay = diff.masked_fill(~torch.ones_like(eye).tril(), float("-inf")).exp()
+        A = bc[..., :, None] * decay.masked_fill(eye, 0.0) * (kc @ kc.transpose(-1, -2))  # strictly lower
         rhs = bc[..., None] * (vc - G.exp()[..., None] * (kc @ state))
-        eye = torch.eye(n, dtype=A.dtype, device=A.device)
-        U = torch.linalg.solve_triangular(eye + A, rhs, upper=False, unitriangular=True)  # [B, HV, n, V]
+        U = torch.linalg.solve_triangular(A + eye, rhs, upper=False, unitriangular=True)  # [B, HV, n, V]
         outs.append(G.exp()[..., None] * (qc @ state) + (decay * (qc @ kc.transpose(-1, -2))) @ U)
         last = G[..., -1:]  # [B, HV, 1]
         state = last.exp()[..., None] * state + (kc * (last - G).exp()[..., None]).transpose(-1, -2) @ U

@@ -126,15 +126,13 @@ def linear(
 
 
 class Linear(nn.Linear):
-    """nn.Linear with an optional inference-time PackedWeight (`pack()`, `unpack()`); same parameters and state_dict."""
+    """nn.Linear with an optional inference-time PackedWeight (`pack()`); same parameters and state_dict."""
 
     packed: PackedWeight | None = None
 
-    def pack(self) -> None:
-        self.packed = PackedWeight.of(self.weight)
-
-    def unpack(self) -> None:
-        self.packed = None
+    def pack(self, enabled: bool = True) -> None:
+        """Use a PackedWeight of this weight from now on (CPU fp32 only), or none with `enabled` False."""
+        self.packed = PackedWeight.of(self.weight, enabled)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return linear(x, self.weight, self.bias, self.packed)

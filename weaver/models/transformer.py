@@ -108,7 +108,7 @@ class Transformer(nn.Module):
             if isinstance(module, _FUSABLE):
                 module.fuse_projections(pack)
             elif isinstance(module, Linear):
-                module.pack() if pack else module.unpack()
+                module.pack(pack)
         self.inference_layout = True
 
     def _apply(self, fn, recurse: bool = True):
@@ -120,7 +120,7 @@ class Transformer(nn.Module):
             if isinstance(module, _FUSABLE):
                 module.unfuse_projections()
             elif isinstance(module, Linear):
-                module.unpack()
+                module.pack(False)
         super()._apply(fn, recurse)
         self.prepare_for_inference(self._pack)
         return self
