@@ -1,11 +1,13 @@
-"""weaver.bench_engine: the verify table times both weight layouts and leaves the model in the default one."""
+"""weaver.bench_engine: a comparison round checks our tokens against transformers'; the verify table times both
+weight layouts and leaves the model in the default one."""
 
 from __future__ import annotations
 
+import pytest
 import torch
 from tiny_models import tiny_hf_model
 
-from weaver.bench_engine import verify_ms, verify_table
+from weaver.bench_engine import compare_round, main, verify_ms, verify_table
 from weaver.models import from_hf_model
 
 
@@ -19,3 +21,20 @@ def test_verify_table_times_plain_and_packed_layouts() -> None:
     model.prepare_for_inference(pack=False)
     assert model.lm_head.packed is None and model.layers[0].mlp.gate_up_packed is None
     assert verify_ms(model, prefix, 5, repeats=2) > 0
+
+
+def test_compare_round_matches_transformers_token_for_token() -> None:
+    torch.manual_seed(0)
+    hf_model = tiny_hf_model("llama")
+    model = from_hf_model(hf_model)
+    prompts = [list(range(3, 12)), list(range(20, 26))]
+    result = compare_round(model, hf_model, prompts, max_new_tokens=6)
+    assert result.same_outputs == 2
+    assert result.ours_tps > 0 and result.theirs_tps > 0
+    assert result.ratio == pytest.approx(result.ours_tps / result.theirs_tps)
+
+
+def test_rounds_must_be_positive(capsys) -> None:
+    with pytest.raises(SystemExit):
+        main(["--rounds", "0"])
+    assert "--rounds must be >= 1" in capsys.readouterr().err

@@ -6,7 +6,9 @@ that both produced the same tokens. A third row is the machine's GEMV floor for 
 with every weight matrix of the model (every nn.Linear, lm_head included), timed in the same run. No fp32 decoder can
 take less time per token than that on this machine, so floor / transformers bounds the ratio any engine can reach.
 `--verify-nodes N ...` adds a table of one tree verify of N nodes (the step of every speculative method) with the
-CPU weights pre-packed for oneDNN (the loaders' default) and without, timed side by side.
+CPU weights pre-packed for oneDNN (the loaders' default) and without, timed side by side. On a machine whose speed
+drifts (a shared host), `--rounds R` repeats the comparison R times: the ratio is the median of the rounds' ratios,
+each of which is printed.
 
     python -m weaver.bench_engine --model smollm2-135m --prompts 4 --max-new-tokens 128 --verify-nodes 16 32 64
 """
@@ -19,6 +21,7 @@ import platform
 import statistics
 import time
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 import torch
 
@@ -44,6 +47,31 @@ def _hf_generate(hf_model, prompt_ids: list[int], max_new_tokens: int) -> tuple[
     start = time.perf_counter()
     out = hf_model.generate(ids, attention_mask=torch.ones_like(ids), generation_config=config)
     return out[0, len(prompt_ids) :].tolist(), time.perf_counter() - start
+
+
+@dataclass(frozen=True)
+class RoundResult:
+    """One pass over the prompts, the two engines alternating per prompt: mean tokens/s of each, matching outputs."""
+
+    ours_tps: float
+    theirs_tps: float
+    same_outputs: int
+
+    @property
+    def ratio(self) -> float:
+        return self.ours_tps / self.theirs_tps
+
+
+def compare_round(model, hf_model, prompts: Sequence[list[int]], max_new_tokens: int) -> RoundResult:
+    """Greedy AR on every prompt with our engine, then transformers', alternating (slow drifts hit both alike)."""
+    ours, theirs, same = [], [], 0
+    for ids in prompts:
+        res = generate(model, ids, max_new_tokens=max_new_tokens)
+        ours.append(res.stats.tokens_per_s)
+        hf_ids, hf_s = _hf_generate(hf_model, ids, max_new_tokens)
+        theirs.append(len(hf_ids) / hf_s)
+        same += hf_ids == res.output_ids
+    return RoundResult(statistics.mean(ours), statistics.mean(theirs), same)
 
 
 def _linear_weights(model: torch.nn.Module) -> list[torch.Tensor]:
@@ -106,11 +134,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--model", default="smollm2-135m", help="registry name or local Hugging Face folder")
     p.add_argument("--prompts", type=int, default=4, help=f"number of prompts (at most {len(PROMPTS)})")
     p.add_argument("--max-new-tokens", type=int, default=128, help="tokens generated per prompt by both engines")
+    p.add_argument(
+        "--rounds", type=int, default=1, help="passes over the prompts (report the median; the spread shows noise)"
+    )
     p.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's choice)")
     p.add_argument(
         "--verify-nodes", type=int, nargs="*", default=(), help="also time one tree verify of each of these sizes"
     )
     args = p.parse_args(argv)
+    if args.rounds < 1:
+        p.error(f"--rounds must be >= 1, got {args.rounds}")
     from weaver.models import load_hf_reference, load_target
 
     if args.threads:
@@ -129,26 +162,25 @@ def main(argv: Sequence[str] | None = None) -> int:
     generate(model, prompts[0], max_new_tokens=8)
     _hf_generate(hf_model, prompts[0], 8)
 
-    ours, theirs, same = [], [], 0
-    for ids in prompts:
-        res = generate(model, ids, max_new_tokens=args.max_new_tokens)
-        ours.append(res.stats.tokens_per_s)
-        hf_ids, hf_s = _hf_generate(hf_model, ids, args.max_new_tokens)
-        theirs.append(len(hf_ids) / hf_s)
-        same += hf_ids == res.output_ids
-    ours_m, theirs_m = statistics.mean(ours), statistics.mean(theirs)
+    rounds = [compare_round(model, hf_model, prompts, args.max_new_tokens) for _ in range(args.rounds)]
+    ours_m = statistics.median(r.ours_tps for r in rounds)
+    theirs_m = statistics.median(r.theirs_tps for r in rounds)
+    ratios = sorted(r.ratio for r in rounds)  # each from one round's paired runs
+    ratio = statistics.median(ratios)
+    same = min(r.same_outputs for r in rounds)
     floor = 1.0 / gemv_floor_s(model)
     n_params = sum(w.numel() for w in _linear_weights(model))
     print(f"machine: {platform.processor() or platform.machine()}, torch threads {torch.get_num_threads()}")
-    print(f"model {args.model}, {len(prompts)} prompts x {args.max_new_tokens} new tokens, greedy, fp32\n")
-    print("| engine | tokens/s (mean over prompts) |")
+    print(f"model {args.model}, {len(prompts)} prompts x {args.max_new_tokens} new tokens, greedy, fp32")
+    print(f"{args.rounds} round(s); a round runs every prompt on both engines, alternating\n")
+    print("| engine | tokens/s (mean over prompts; median over rounds) |")
     print("|---|---|")
     print(f"| weaver AR (`weaver.generate`) | {ours_m:.1f} |")
     print(f"| transformers `generate` | {theirs_m:.1f} |")
     print(f"| GEMV floor ({n_params / 1e6:.0f}M weights, one matrix-vector product each) | {floor:.1f} |")
-    print(
-        f"\nratio weaver / transformers: {ours_m / theirs_m:.2f}x; identical outputs on {same}/{len(prompts)} prompts"
-    )
+    print(f"\nratio weaver / transformers: {ratio:.2f}x; identical outputs on {same}/{len(prompts)} prompts")
+    if len(rounds) > 1:
+        print(f"ratio per round (the headline is their median): {' '.join(f'{x:.2f}x' for x in ratios)}")
     print(f"upper bound of any fp32 engine over transformers on this machine: {floor / theirs_m:.2f}x (GEMV floor)")
     if args.verify_nodes:
         print(f"\none tree verify after the first prompt ({len(prompts[0])} tokens), median of 10:\n")
