@@ -31,7 +31,6 @@ def test_compare_round_matches_transformers_token_for_token() -> None:
     result = compare_round(model, hf_model, prompts, max_new_tokens=6)
     assert result.same_outputs == 2
     assert result.ours_tps > 0 and result.theirs_tps > 0
-    assert result.ratio == pytest.approx(result.ours_tps / result.theirs_tps)
 
 
 def test_rounds_must_be_positive(capsys) -> None:

@@ -29,6 +29,7 @@ from weaver.paths import temperature_label
 
 DRAFTER_METHODS = ("chain", "ddtree", "weaver", "weaver_chain")  # need a drafter checkpoint
 ADAPTER_METHODS = ("weaver", "weaver_chain")  # need a Weaver adapter checkpoint too
+PAPER_CHILDREN = 8  # the Weaver builder's fan-out in the paper and the authors' SGLang fork
 PACKAGES = ("weaver-repro", "torch", "transformers", "numpy", "safetensors", "gguf", "triton", "snakemake")
 # Fields that must match for an existing record to count as done for this cell.
 CELL_KEYS = ("model", "dataset", "method", "budget", "temperature", "seed", "max_new_tokens", "mode")
@@ -55,7 +56,7 @@ class CellConfig:
     backend: str = "engine"  # weaver.backends.BACKENDS
     server_url: str | None = None  # backend "server": base URL of a running SGLang-protocol server
     port: int = 30000  # backend "sglang": loopback port of the launched server
-    children: int = 8  # weaver, weaver_chain: fan-out of the builder (engine backend; the servers use their own)
+    children: int = PAPER_CHILDREN  # weaver builders' fan-out (engine backend; the servers use their own)
 
     def key(self) -> dict[str, Any]:
         """The fields every record of this cell carries and resume checks."""
@@ -92,7 +93,7 @@ def check_cell(cell: CellConfig) -> None:
         raise ValueError(f"method {cell.method!r} uses the Weaver adapter: give --adapter CHECKPOINT")
     if cell.children < 1:
         raise ValueError(f"--children must be >= 1, got {cell.children}")
-    if cell.children != 8 and cell.backend != "engine":
+    if cell.children != PAPER_CHILDREN and cell.backend != "engine":
         raise ValueError(
             f"--children {cell.children}: the {cell.backend} backend builds Weaver trees with its server's fan-out "
             "(8 in the authors' SGLang fork); --children applies to --backend engine only"
@@ -266,7 +267,10 @@ def parse_args(argv: Sequence[str] | None = None) -> CellConfig:
     p.add_argument("--drafter", default=None, help="drafter checkpoint folder (chain, ddtree, weaver, weaver_chain)")
     p.add_argument("--adapter", default=None, help="Weaver adapter checkpoint file (weaver, weaver_chain)")
     p.add_argument(
-        "--children", type=int, default=8, help="weaver builders' fan-out per expanded node (paper: 8; engine only)"
+        "--children",
+        type=int,
+        default=PAPER_CHILDREN,
+        help="weaver builders' fan-out per expanded node (paper: 8; engine only)",
     )
     p.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's choice)")
     p.add_argument("--out", required=True, help="cell folder: records.jsonl and meta.json are written there")

@@ -28,6 +28,8 @@ from typing import Any
 
 import torch
 
+from weaver.bench import PAPER_CHILDREN
+
 HF_PEERS = ("transformers_ar", "transformers_prompt_lookup")
 OUR_PEERS = ("ar", "prompt_lookup", "chain", "ddtree", "weaver")
 PEERS = (*HF_PEERS, "dflash_reference", *OUR_PEERS)
@@ -188,7 +190,9 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument("--lookup-tokens", type=int, default=10, help="transformers' prompt_lookup_num_tokens")
     p.add_argument("--drafter", default=None, help="drafter folder (dflash_reference, chain, ddtree, weaver)")
     p.add_argument("--adapter", default=None, help="Weaver adapter checkpoint (weaver)")
-    p.add_argument("--children", type=int, default=8, help="weaver builder's fan-out per expanded node (paper: 8)")
+    p.add_argument(
+        "--children", type=int, default=PAPER_CHILDREN, help="weaver builder's fan-out per expanded node (paper: 8)"
+    )
     p.add_argument("--peers", default=",".join(PEERS), help=f"comma-separated subset of {', '.join(PEERS)}")
     p.add_argument("--warmup-tokens", type=int, default=8, help="untimed warm-up generation per peer (0 = none)")
     p.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's choice)")

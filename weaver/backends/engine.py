@@ -10,7 +10,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from weaver.bench import ADAPTER_METHODS, DRAFTER_METHODS
+from weaver.bench import ADAPTER_METHODS, DRAFTER_METHODS, PAPER_CHILDREN
 
 
 @dataclass(frozen=True)
@@ -23,7 +23,7 @@ class EngineConfig:
     drafter: str | None = None
     adapter: str | None = None
     mode: str = "target_only"  # sampling verifier at temperature > 0
-    children: int = 8  # weaver builders' fan-out: top pool children per expanded node (8 in the paper)
+    children: int = PAPER_CHILDREN  # weaver builders' fan-out: top pool children per expanded node
 
     def check(self) -> None:
         if self.children < 1:
