@@ -7,7 +7,7 @@ import pytest
 import torch
 from tiny_models import tiny_hf_model
 
-from weaver.bench_engine import compare_round, main, verify_ms, verify_table
+from weaver.bench_engine import _decode_weights, compare_round, gemv_floor_s, main, verify_ms, verify_table
 from weaver.models import from_hf_model
 
 
@@ -37,3 +37,18 @@ def test_rounds_must_be_positive(capsys) -> None:
     with pytest.raises(SystemExit):
         main(["--rounds", "0"])
     assert "--rounds must be >= 1" in capsys.readouterr().err
+
+
+def test_gemv_floor_reads_the_fused_weights_once() -> None:
+    torch.manual_seed(0)
+    hf_model = tiny_hf_model("llama")
+    model = from_hf_model(hf_model)  # the loaders' inference layout: q|k|v and gate|up fused
+    weights = _decode_weights(model)
+    layer = model.layers[0]
+    ids = {id(w) for w in weights}
+    assert id(layer.self_attn.qkv_weight) in ids and id(layer.mlp.gate_up_weight) in ids
+    assert id(layer.self_attn.q_proj.weight) not in ids and id(layer.mlp.up_proj.weight) not in ids
+    hf_weights = _decode_weights(hf_model)  # plain layout: every nn.Linear as stored
+    assert sum(w.numel() for w in weights) == sum(w.numel() for w in hf_weights)
+    assert len(hf_weights) - len(weights) == 3 * len(model.layers)  # 5 matrices per layer + the head, not 8 + head
+    assert gemv_floor_s(model, repeats=2) > 0

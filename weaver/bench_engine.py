@@ -2,9 +2,11 @@
 
 Same target weights (both loaded from the same checkpoint), same prompts, greedy, fp32, EOS ignored so both produce
 exactly `--max-new-tokens` tokens. Prints a table of tokens/s (wall time including prefill) and the ratio, and checks
-that both produced the same tokens. A third row is the machine's GEMV floor for this model: one matrix-vector product
-with every weight matrix of the model (every nn.Linear, lm_head included), timed in the same run. No fp32 decoder can
-take less time per token than that on this machine, so floor / transformers bounds the ratio any engine can reach.
+that both produced the same tokens. The last rows are the machine's GEMV floor for this model, timed in the same
+run: one matrix-vector product with every weight matrix a decode step reads, in the layout our engine reads them
+(the fused q|k|v and gate|up, input-major, see Transformer.prepare_for_inference) and in transformers' (every
+nn.Linear as stored, [out, in]). Weight streaming bounds every fp32 decoder, so floor / transformers approximates
+the best ratio an engine in that layout can reach, and the two floors show how much of the ratio is the layout.
 `--verify-nodes N ...` adds a table of one tree verify of N nodes (the step of every speculative method) with the
 CPU weights pre-packed for oneDNN (the loaders' default) and without, timed side by side. On a machine whose speed
 drifts (a shared host), `--rounds R` repeats the comparison R times: the ratio is the median of the rounds' ratios,
@@ -74,17 +76,28 @@ def compare_round(model, hf_model, prompts: Sequence[list[int]], max_new_tokens:
     return RoundResult(statistics.mean(ours), statistics.mean(theirs), same)
 
 
-def _linear_weights(model: torch.nn.Module) -> list[torch.Tensor]:
-    """Every distinct nn.Linear weight (a tied lm_head counts once)."""
-    return list({id(m.weight): m.weight for m in model.modules() if isinstance(m, torch.nn.Linear)}.values())
+def _decode_weights(model: torch.nn.Module) -> list[torch.Tensor]:
+    """The distinct weight matrices a decode step multiplies, as it stores them: after prepare_for_inference the
+    fused q|k|v and gate|up matrices in place of their row views; every nn.Linear weight otherwise."""
+    fused = {}
+    for m in model.modules():
+        for name in ("qkv_weight", "gate_up_weight"):
+            weight = getattr(m, name, None)
+            if weight is not None:
+                fused[id(weight)] = weight
+                parts = ("q_proj", "k_proj", "v_proj") if name == "qkv_weight" else ("gate_proj", "up_proj")
+                fused.update({id(getattr(m, part).weight): None for part in parts})
+    linears = {id(m.weight): m.weight for m in model.modules() if isinstance(m, torch.nn.Linear)}
+    return [w for w in {**linears, **fused}.values() if w is not None]
 
 
 def gemv_floor_s(model: torch.nn.Module, repeats: int = 20) -> float:
-    """Seconds for one matrix-vector product with every distinct nn.Linear weight of `model` (median of `repeats`).
+    """Seconds for one matrix-vector product with every weight matrix of a decode step (_decode_weights; a tied
+    lm_head counts once), median of `repeats`.
 
     This is the weight-streaming cost of a batch-1 decode step with no attention, norms, sampling or Python overhead.
     """
-    weights = _linear_weights(model)
+    weights = _decode_weights(model)
     xs = {w.shape[1]: torch.randn(1, w.shape[1], dtype=w.dtype) for w in weights}
     times = []
     with torch.inference_mode():
@@ -169,7 +182,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     ratio = statistics.median(ratios)
     same = min(r.same_outputs for r in rounds)
     floor = 1.0 / gemv_floor_s(model)
-    n_params = sum(w.numel() for w in _linear_weights(model))
+    hf_floor = 1.0 / gemv_floor_s(hf_model)
+    n_params = sum(w.numel() for w in _decode_weights(model))
     print(f"machine: {platform.processor() or platform.machine()}, torch threads {torch.get_num_threads()}")
     print(f"model {args.model}, {len(prompts)} prompts x {args.max_new_tokens} new tokens, greedy, fp32")
     print(f"{args.rounds} round(s); a round runs every prompt on both engines, alternating\n")
@@ -177,7 +191,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     print("|---|---|")
     print(f"| weaver AR (`weaver.generate`) | {ours_m:.1f} |")
     print(f"| transformers `generate` | {theirs_m:.1f} |")
-    print(f"| GEMV floor ({n_params / 1e6:.0f}M weights, one matrix-vector product each) | {floor:.1f} |")
+    print(f"| GEMV floor ({n_params / 1e6:.0f}M weights, one matrix-vector product each, our layout) | {floor:.1f} |")
+    print(f"| GEMV floor, transformers' layout (every nn.Linear [out, in]) | {hf_floor:.1f} |")
     print(f"\nratio weaver / transformers: {ratio:.2f}x; identical outputs on {same}/{len(prompts)} prompts")
     if len(rounds) > 1:
         print(f"ratio per round (the headline is their median): {' '.join(f'{x:.2f}x' for x in ratios)}")
