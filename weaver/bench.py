@@ -96,7 +96,7 @@ def check_cell(cell: CellConfig) -> None:
     if cell.children != PAPER_CHILDREN and cell.backend != "engine":
         raise ValueError(
             f"--children {cell.children}: the {cell.backend} backend builds Weaver trees with its server's fan-out "
-            "(8 in the authors' SGLang fork); --children applies to --backend engine only"
+            f"({PAPER_CHILDREN} in the authors' SGLang fork); --children applies to --backend engine only"
         )
     if cell.backend == "server" and not cell.server_url:
         raise ValueError("--backend server needs --server-url http://HOST:PORT (a running SGLang-protocol server)")
@@ -270,7 +270,7 @@ def parse_args(argv: Sequence[str] | None = None) -> CellConfig:
         "--children",
         type=int,
         default=PAPER_CHILDREN,
-        help="weaver builders' fan-out per expanded node (paper: 8; engine only)",
+        help=f"weaver builders' fan-out per expanded node (paper: {PAPER_CHILDREN}; engine only)",
     )
     p.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's choice)")
     p.add_argument("--out", required=True, help="cell folder: records.jsonl and meta.json are written there")

@@ -78,17 +78,16 @@ def compare_round(model, hf_model, prompts: Sequence[list[int]], max_new_tokens:
 
 def _decode_weights(model: torch.nn.Module) -> list[torch.Tensor]:
     """The distinct weight matrices a decode step multiplies, as it stores them: after prepare_for_inference the
-    fused q|k|v and gate|up matrices in place of their row views; every nn.Linear weight otherwise."""
-    fused = {}
-    for m in model.modules():
-        for name in ("qkv_weight", "gate_up_weight"):
-            weight = getattr(m, name, None)
-            if weight is not None:
-                fused[id(weight)] = weight
-                parts = ("q_proj", "k_proj", "v_proj") if name == "qkv_weight" else ("gate_proj", "up_proj")
-                fused.update({id(getattr(m, part).weight): None for part in parts})
-    linears = {id(m.weight): m.weight for m in model.modules() if isinstance(m, torch.nn.Linear)}
-    return [w for w in {**linears, **fused}.values() if w is not None]
+    fused q|k|v and gate|up matrices in place of the nn.Linear weights that are row views of them."""
+    fused = [getattr(m, name, None) for m in model.modules() for name in ("qkv_weight", "gate_up_weight")]
+    fused = [w for w in fused if w is not None]
+    fused_storage = {w.untyped_storage().data_ptr() for w in fused}
+    linears = {
+        id(m.weight): m.weight
+        for m in model.modules()
+        if isinstance(m, torch.nn.Linear) and m.weight.untyped_storage().data_ptr() not in fused_storage
+    }
+    return [*linears.values(), *fused]
 
 
 def gemv_floor_s(model: torch.nn.Module, repeats: int = 20) -> float:

@@ -191,7 +191,10 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument("--drafter", default=None, help="drafter folder (dflash_reference, chain, ddtree, weaver)")
     p.add_argument("--adapter", default=None, help="Weaver adapter checkpoint (weaver)")
     p.add_argument(
-        "--children", type=int, default=PAPER_CHILDREN, help="weaver builder's fan-out per expanded node (paper: 8)"
+        "--children",
+        type=int,
+        default=PAPER_CHILDREN,
+        help=f"weaver builder's fan-out per expanded node (paper: {PAPER_CHILDREN})",
     )
     p.add_argument("--peers", default=",".join(PEERS), help=f"comma-separated subset of {', '.join(PEERS)}")
     p.add_argument("--warmup-tokens", type=int, default=8, help="untimed warm-up generation per peer (0 = none)")
