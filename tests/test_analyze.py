@@ -5,21 +5,32 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pandas as pd
 import pytest
 
-from weaver.analyze import cell_table, depth_acceptance, load_requests, reuse_budget_free
+from weaver.analyze import cell_table, depth_acceptance, load_requests, macro_table, reuse_budget_free
+
+MISSING = object()  # a record without the tree_sizes field (older logs)
 
 
-def write_cell(root: Path, method: str, budget: int, accept_lengths: list[int], tree_sizes: list[int] | None) -> Path:
+def write_cell(
+    root: Path,
+    method: str,
+    budget: int,
+    accept_lengths: list[int],
+    tree_sizes: object,
+    dataset: str = "d",
+    wall_s: float | None = None,
+) -> Path:
     """One finished cell (meta.json + records.jsonl) of two prompts, as weaver.bench writes them."""
-    cell = root / f"{method}-b{budget}"
+    cell = root / f"{dataset}-{method}-b{budget}"
     cell.mkdir(parents=True)
     records = []
     for prompt in ("p0", "p1"):
         record = {
             "prompt_id": prompt,
             "model": "m",
-            "dataset": "d",
+            "dataset": dataset,
             "method": method,
             "budget": budget,
             "temperature": 0.0,
@@ -28,12 +39,12 @@ def write_cell(root: Path, method: str, budget: int, accept_lengths: list[int], 
             "steps": len(accept_lengths) + 1,
             "accept_lengths": accept_lengths,
             "ttft_s": 0.1,
-            "wall_s": 1.0 + budget / 100,
+            "wall_s": wall_s if wall_s is not None else 1.0 + budget / 100,
             "draft_s": [0.01] * len(accept_lengths),
             "tree_s": [0.0] * len(accept_lengths),
             "verify_s": [0.05] * len(accept_lengths),
         }
-        if tree_sizes is not None:
+        if tree_sizes is not MISSING:
             record["tree_sizes"] = tree_sizes
         records.append(json.dumps(record))
     (cell / "records.jsonl").write_text("\n".join(records) + "\n")
@@ -69,8 +80,12 @@ def test_without_the_flag_nothing_is_reused(grid: list[Path]) -> None:
     assert list(cells.query("method == 'chain'")["budget"]) == [16]
 
 
-@pytest.mark.parametrize("sizes", [[15, 16, 15], None], ids=["tree-reached-budget", "no-tree-sizes-logged"])
-def test_reuse_refused_when_the_budget_may_have_bound(tmp_path: Path, sizes: list[int] | None) -> None:
+@pytest.mark.parametrize(
+    "sizes",
+    [[15, 16, 15], MISSING, None, []],
+    ids=["tree-reached-budget", "no-tree-sizes-logged", "unknown-over-http", "no-trees"],
+)
+def test_reuse_refused_when_the_budget_may_have_bound(tmp_path: Path, sizes: object) -> None:
     metas = [
         write_cell(tmp_path, "ddtree", 32, [4, 3], [32, 32]),
         write_cell(tmp_path, "chain", 16, [2, 1, 2], sizes),
@@ -83,3 +98,31 @@ def test_requests_table_marks_reused_rows(grid: list[Path]) -> None:
     requests = reuse_budget_free(load_requests(grid), ["chain"])
     reused = requests[requests["budget"] != requests["budget_run"]]
     assert set(reused["method"]) == {"chain"} and len(reused) == 2
+
+
+def test_macro_speedup_is_macro_throughput_over_macro_ar(tmp_path: Path) -> None:
+    """Two datasets: the speedup is mean throughput / mean AR throughput, not the mean of per-dataset ratios."""
+    ar_tokens, tree_tokens = 7, 10  # per prompt: sum of accept lengths + 1
+    metas = [
+        write_cell(tmp_path, "ar", 0, [1] * 6, [], dataset="a", wall_s=1.0),
+        write_cell(tmp_path, "ar", 0, [1] * 6, [], dataset="b", wall_s=4.0),
+        write_cell(tmp_path, "ddtree", 16, [3, 2, 1, 1, 1, 1], [16] * 6, dataset="a", wall_s=0.5),
+        write_cell(tmp_path, "ddtree", 16, [3, 2, 1, 1, 1, 1], [16] * 6, dataset="b", wall_s=1.0),
+    ]
+    macro = macro_table(cell_table(reuse_budget_free(load_requests(metas), []))).set_index("method")
+    ar = {"a": ar_tokens / 1.0, "b": ar_tokens / 4.0}
+    tree = {"a": tree_tokens / 0.5, "b": tree_tokens / 1.0}
+    macro_ar, macro_tree = (ar["a"] + ar["b"]) / 2, (tree["a"] + tree["b"]) / 2
+    assert macro.loc["ddtree", "speedup"] == pytest.approx(macro_tree / macro_ar)
+    mean_of_ratios = (tree["a"] / ar["a"] + tree["b"] / ar["b"]) / 2
+    assert macro.loc["ddtree", "speedup"] != pytest.approx(mean_of_ratios)
+
+
+def test_macro_speedup_needs_ar_on_every_dataset(tmp_path: Path) -> None:
+    metas = [
+        write_cell(tmp_path, "ar", 0, [1] * 6, [], dataset="a"),
+        write_cell(tmp_path, "ddtree", 16, [3, 2], [16, 16], dataset="a"),
+        write_cell(tmp_path, "ddtree", 16, [3, 2], [16, 16], dataset="b"),  # no AR cell for b
+    ]
+    macro = macro_table(cell_table(reuse_budget_free(load_requests(metas), []))).set_index("method")
+    assert macro.loc["ddtree", "n_datasets"] == 2 and pd.isna(macro.loc["ddtree", "speedup"])

@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import importlib.util
+import os
 import socket
 import sys
+import time
 from dataclasses import replace
 from pathlib import Path
 
@@ -13,7 +15,14 @@ from test_bench import make_cell
 from tiny_models import tiny_hf_model
 
 from weaver.backends.engine import Engine, EngineBackend, EngineConfig
-from weaver.backends.http import ServerClient, ServerError, ServerProcess, stats_from_response
+from weaver.backends.http import (
+    ServerClient,
+    ServerError,
+    ServerExpectation,
+    ServerProcess,
+    identity_problems,
+    stats_from_response,
+)
 from weaver.backends.sglang import (
     DDTREE_FLAG,
     FORK_DDTREE_COMMIT,
@@ -84,6 +93,105 @@ def test_sglang_meta_info_parsing() -> None:
     assert stats["wall_s"] == 0.5 and stats["tokens_per_s"] == 40 and stats["hit_eos"] and stats["ttft_s"] is None
 
 
+def test_client_checks_the_server_is_the_cells_configuration(tiny_model) -> None:
+    """A server left running with another budget (or method) is refused before a single prompt is sent."""
+    with ServerThread(Server(Engine(EngineConfig("tiny", "oracle", 4), tiny_model))) as thread:
+        with ServerClient(thread.url, method="oracle", expect=ServerExpectation("tiny", "oracle", 4), **SAMPLING) as c:
+            assert c.info["weaver_method"] == "oracle" and c.info["weaver_budget"] == 4
+        for wrong, field in [
+            (ServerExpectation("tiny", "oracle", 8), "weaver_budget"),
+            (ServerExpectation("tiny", "ar", 0), "weaver_method"),
+            (ServerExpectation("other-model", "oracle", 4), "serves model 'tiny'"),
+        ]:
+            with pytest.raises(ServerError, match=field):
+                ServerClient(thread.url, method=wrong.method, expect=wrong, **SAMPLING).__enter__()
+
+
+SGLANG_INFO = {"model_path": "Qwen/Qwen3.6-27B", "speculative_algorithm": "DFLASH_TFM", "version": "0.5.23"}
+SGLANG_INFO |= {"speculative_dflash_tfm_tree_budget": 64, "speculative_dflash_tfm_tree_sampling_mode": "target_only"}
+
+
+@pytest.mark.parametrize(
+    "info, want, problem",
+    [
+        (SGLANG_INFO, ServerExpectation("Qwen/Qwen3.6-27B", "weaver", 64), None),
+        (SGLANG_INFO, ServerExpectation("/models/Qwen3.6-27B/", "weaver", 64), None),  # same model, local folder
+        (SGLANG_INFO, ServerExpectation("Qwen/Qwen3.6-27B", "weaver", 32), "tree_budget is 64"),
+        (SGLANG_INFO, ServerExpectation("Qwen/Qwen3.6-27B", "ddtree", 64), "proposal is 'weaver'"),
+        (
+            SGLANG_INFO | {"speculative_dflash_tfm_proposal": "ddtree"},
+            ServerExpectation("Qwen/Qwen3.6-27B", "ddtree", 64),
+            None,
+        ),
+        (SGLANG_INFO, ServerExpectation("Qwen/Qwen3.6-27B", "chain", 16), "needs 'DFLASH'"),
+        (SGLANG_INFO, ServerExpectation("Qwen/Qwen3.6-27B", "ar", 0), "needs None"),
+        (SGLANG_INFO, ServerExpectation("Qwen/Qwen3.6-27B", "weaver", 64, "traversal"), "sampling_mode"),
+        (SGLANG_INFO, ServerExpectation("Qwen/Qwen3.6-27B", "weaver", 64, children=16), "8 children"),
+        (SGLANG_INFO, ServerExpectation("Qwen/Qwen3.6-8B", "weaver", 64), "serves model"),
+        (SGLANG_INFO, ServerExpectation("Qwen/Qwen3.6-27B", "prompt_lookup", 16), "no SGLang configuration"),
+    ],
+    ids=[
+        "match",
+        "same-model-folder",
+        "budget",
+        "proposal",
+        "ddtree",
+        "chain",
+        "ar",
+        "mode",
+        "children",
+        "model",
+        "lookup",
+    ],
+)
+def test_sglang_server_identity(info: dict, want: ServerExpectation, problem: str | None) -> None:
+    problems = identity_problems(info, want)
+    if problem is None:
+        assert problems == []
+    else:
+        assert any(problem in p for p in problems), problems
+
+
+def test_server_process_refuses_a_busy_port() -> None:
+    """A server already on the port would answer /health for us: refused before anything is launched."""
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        port = busy.getsockname()[1]
+        process = ServerProcess([sys.executable, "-c", "pass"], f"http://127.0.0.1:{port}", startup_timeout=5)
+        with pytest.raises(ServerError, match="already in use"):
+            process.__enter__()
+        assert process.process is None  # nothing was launched
+
+
+def test_server_process_stop_kills_workers_that_outlive_the_leader(tmp_path: Path) -> None:
+    """SGLang's launcher can exit before its workers: stop() still ends the whole process group."""
+    script = (
+        "import subprocess, sys; w = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(120)']); "
+        "print(w.pid, flush=True)"
+    )
+    with open(tmp_path / "log", "w") as log:
+        process = ServerProcess([sys.executable, "-c", script], "http://127.0.0.1:1", log=log)
+        process.start()
+        process.process.wait(timeout=30)  # the leader is gone, its worker is not
+        worker = int((tmp_path / "log").read_text().split()[0])
+        assert _alive(worker)
+        process.stop(grace_s=5)
+    deadline = time.monotonic() + 10
+    while _alive(worker) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not _alive(worker)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    state = Path(f"/proc/{pid}/stat").read_text().split()[2] if Path(f"/proc/{pid}/stat").exists() else "X"
+    return state != "Z"  # a zombie waits only for its parent (init) to reap it
+
+
 def test_unreachable_server_is_an_error() -> None:
     with pytest.raises(ServerError, match="failed"):
         ServerClient(f"http://127.0.0.1:{free_port()}", method="ar", timeout=5, **SAMPLING).run([1, 2])
@@ -109,12 +217,12 @@ def test_launched_serve_runs_a_cell_and_stops(tmp_path: Path) -> None:
     port = free_port()
     command = [sys.executable, "-m", "weaver.serve", "--model", "smollm2-135m", "--port", str(port), "--threads", "1"]
     url = f"http://127.0.0.1:{port}"
-    backend = _LaunchedServer(
-        ServerProcess(command, url, startup_timeout=120), ServerClient(url, method="ar", **SAMPLING)
-    )
+    client = ServerClient(url, method="ar", expect=ServerExpectation("smollm2-135m", "ar", 0), **SAMPLING)
+    backend = _LaunchedServer(ServerProcess(command, url, startup_timeout=120), client)
     cell = make_cell(tmp_path / "cell", method="ar", budget=0, drafter=None, max_new_tokens=10, backend="server")
     with backend:
-        run_prompts(cell, PROMPTS[:1], backend.run)
+        assert backend.info["server_info"]["weaver_method"] == "ar" and backend.info["command"] == command
+        run_prompts(cell, PROMPTS[:1], backend.run, backend_info=backend.info)
         backend.process.stop()
         with pytest.raises(ServerError, match="exited"):
             backend.run(PROMPTS[1][1])

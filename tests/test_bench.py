@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import json
+import os
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from weaver.bench import CellConfig, parse_args, read_records, run_prompts
+from weaver.bench import CellConfig, main, parse_args, read_records, run_prompts
 
 PROMPTS = [(f"p{i}", list(range(1, 4 + i))) for i in range(5)]
 
@@ -55,6 +56,7 @@ def make_cell(out: Path, **changes: Any) -> CellConfig:
         adapter=None,
         out=str(out),
         threads=1,
+        warmup_tokens=0,
     )
     return replace(cell, **changes)
 
@@ -118,6 +120,69 @@ def test_records_of_another_configuration_are_rerun(tmp_path: Path) -> None:
     assert {r["max_new_tokens"] for r in records} == {32}
 
 
+def rewrite(path: Path, text: str) -> None:
+    """Rewrite a checkpoint as training would: new content, a later modification time."""
+    before = path.stat().st_mtime_ns if path.exists() else 0
+    path.write_text(text)
+    os.utime(path, ns=(before + 10**9, before + 10**9))
+
+
+def test_a_retrained_checkpoint_reruns_every_prompt(tmp_path: Path) -> None:
+    """Records made with another drafter or adapter are not reused, even with every other setting equal."""
+    adapter, drafter = tmp_path / "adapter.pt", tmp_path / "drafter"
+    drafter.mkdir()
+    rewrite(adapter, "weights v1")
+    rewrite(drafter / "model.safetensors", "drafter v1")
+    cell = make_cell(tmp_path / "cell", method="weaver", drafter=str(drafter), adapter=str(adapter))
+    run_prompts(cell, PROMPTS, fake_stats)
+    rerun: list[list[int]] = []
+    run_prompts(cell, PROMPTS, lambda ids: rerun.append(ids) or fake_stats(ids))
+    assert rerun == [], "unchanged checkpoints: every record is reused"
+    rewrite(adapter, "weights v2")
+    run_prompts(cell, PROMPTS, lambda ids: rerun.append(ids) or fake_stats(ids))
+    assert rerun == [ids for _, ids in PROMPTS], "a retrained adapter must rerun every prompt"
+    rerun.clear()
+    rewrite(drafter / "model.safetensors", "drafter v2")
+    run_prompts(cell, PROMPTS, lambda ids: rerun.append(ids) or fake_stats(ids))
+    assert len(rerun) == len(PROMPTS), "a retrained drafter must rerun every prompt"
+    meta = json.loads((tmp_path / "cell" / "meta.json").read_text())
+    record = read_records(tmp_path / "cell" / "records.jsonl")[0]
+    assert meta["checkpoints"] == record["checkpoints"] and meta["checkpoints"]["adapter"].startswith("sha256:")
+
+
+@pytest.mark.parametrize(
+    ("method", "changes", "reruns"),
+    [
+        ("weaver", {"children": 16}, True),
+        ("chain", {"children": 16}, False),  # only the Weaver builders read the fan-out
+        ("chain", {"backend": "server"}, True),
+    ],
+    ids=["weaver-children", "chain-children", "backend"],
+)
+def test_settings_that_change_the_decode_rerun(tmp_path: Path, method: str, changes: dict, reruns: bool) -> None:
+    cell = make_cell(tmp_path / "cell", method=method, adapter="a" if method == "weaver" else None)
+    run_prompts(cell, PROMPTS, fake_stats)
+    rerun: list[list[int]] = []
+    run_prompts(replace(cell, **changes), PROMPTS, lambda ids: rerun.append(ids) or fake_stats(ids))
+    assert len(rerun) == (len(PROMPTS) if reruns else 0)
+
+
+def test_warmup_runs_once_untimed_and_only_when_a_prompt_is_left(tmp_path: Path) -> None:
+    cell = make_cell(tmp_path / "cell", warmup_tokens=3)
+    calls: list[tuple[list[int], int | None]] = []
+
+    def run_one(ids: list[int], max_new_tokens: int | None = None) -> dict[str, Any]:
+        calls.append((ids, max_new_tokens))
+        return fake_stats(ids)
+
+    run_prompts(cell, PROMPTS, run_one)
+    assert calls[0] == (PROMPTS[0][1], 3) and [n for _, n in calls[1:]] == [None] * len(PROMPTS)
+    assert len(read_records(tmp_path / "cell" / "records.jsonl")) == len(PROMPTS)  # the warm-up is not a record
+    calls.clear()
+    run_prompts(cell, PROMPTS, run_one)
+    assert calls == [], "nothing left to run: no warm-up either"
+
+
 def test_corrupt_middle_line_is_an_error(tmp_path: Path) -> None:
     path = tmp_path / "records.jsonl"
     path.write_text('{"prompt_id": "p0"}\nnot json\n{"prompt_id": "p1"}\n')
@@ -146,19 +211,41 @@ def test_corrupt_middle_line_is_an_error(tmp_path: Path) -> None:
                 "--children",
                 "16",
                 "--backend",
-                "server",
-                "--server-url",
-                "http://127.0.0.1:1",
+                "sglang",
             ],
-            "--backend engine only",
+            "fan-out of 8",
         ),
+        (["--method", "eagle", "--budget", "8"], "unknown --method 'eagle'"),
+        (["--method", "ar", "--budget", "0", "--dataset", "gsm9k"], "unknown --dataset 'gsm9k'"),
+        (["--method", "ar", "--budget", "0", "--temperature", "-1"], "--temperature must be >= 0"),
+        (["--method", "ar", "--budget", "0", "--n-prompts", "0"], "--n-prompts"),
+        (["--method", "ar", "--budget", "0", "--backend", "sglang", "--port", "70000"], "--port must be"),
+        (["--method", "ar", "--budget", "0", "--warmup-tokens", "-1"], "--warmup-tokens"),
     ],
-    ids=["ar-budget", "chain-no-budget", "chain-no-drafter", "weaver-no-adapter", "zero-children", "children-server"],
+    ids=[
+        "ar-budget",
+        "chain-no-budget",
+        "chain-no-drafter",
+        "weaver-no-adapter",
+        "zero-children",
+        "children-sglang",
+        "unknown-method",
+        "unknown-dataset",
+        "negative-temperature",
+        "no-prompts",
+        "bad-port",
+        "negative-warmup",
+    ],
 )
-def test_bad_cells_are_refused(argv: list[str], message: str) -> None:
+def test_bad_cells_are_refused(tmp_path: Path, argv: list[str], message: str) -> None:
+    """Refused before anything is loaded, and before a finished cell's files are touched."""
+    out = tmp_path / "cell"
+    run_prompts(make_cell(out), PROMPTS, fake_stats)
+    finished = {p.name: p.read_bytes() for p in out.iterdir()}
     base = ["--model", "smollm2-135m", "--dataset", "mt_bench", "--temperature", "0", "--n-prompts", "2"]
     with pytest.raises(ValueError, match=message):
-        parse_args([*base, "--max-new-tokens", "8", "--out", "x", *argv])
+        main([*base, "--max-new-tokens", "8", "--out", str(out), *argv])
+    assert {p.name: p.read_bytes() for p in out.iterdir()} == finished
 
 
 def test_model_name_defaults_to_folder_name() -> None:

@@ -62,6 +62,33 @@ def test_loglikelihood_prefers_the_copy(in_repo_root) -> None:
     assert copy_ll > other_ll and copy_ll < 0
 
 
+def test_loglikelihood_splits_pairs_like_hflm(in_repo_root) -> None:
+    """A context ending in a space scores the same tokens as the space moved into the continuation (HFLM's split);
+    before, " cat" tokenized apart from "cat" left an empty continuation scored 0.0."""
+    from lm_eval.api.instance import Instance
+
+    lm = WeaverLM(model="smollm2-135m")
+    pairs = [("Copy: cat dog\nCopied: ", "cat dog"), ("Copy: cat dog\nCopied:", " cat dog"), ("", "Hello there")]
+    requests = [Instance("loglikelihood", {}, pair, i) for i, pair in enumerate(pairs)]
+    (spaced, _), (moved, _), (no_context, _) = lm.loglikelihood(requests)
+    assert spaced == pytest.approx(moved) and spaced < 0 and no_context < 0
+    with pytest.raises(ValueError, match="encodes to no tokens"):
+        lm.loglikelihood([Instance("loglikelihood", {}, ("Copy:", ""), 0)])
+
+
+def test_model_args_are_checked_and_children_reaches_the_engine() -> None:
+    with pytest.raises(ValueError, match=r"unknown weaver model_args \['budgett'\]"):
+        WeaverLM.create_from_arg_string("model=smollm2-135m,method=ar,budgett=4")
+    with pytest.raises(ValueError, match="CPU"):
+        WeaverLM.create_from_arg_string("model=smollm2-135m", {"device": "cuda:0"})
+    with pytest.raises(ValueError, match="unknown method"):
+        WeaverLM.create_from_arg_string("model=smollm2-135m,method=eagle,budget=4")
+    lm = WeaverLM.create_from_arg_string(
+        "model=smollm2-135m,method=prompt_lookup,budget=4,children=16", {"batch_size": 1}
+    )
+    assert lm.engine.config.children == 16 and lm.engine.config.budget == 4
+
+
 @pytest.mark.slow
 def test_cli_command(in_repo_root, tmp_path) -> None:
     """The documented command line, end to end."""

@@ -105,6 +105,9 @@ def test_main_writes_one_row_per_peer_and_prompt(tmp_path: Path) -> None:
         (["--peers", "chain"], "--drafter"),
         (["--peers", "nope"], "unknown peers"),
         (["--peers", "weaver", "--drafter", "d"], "--adapter"),
+        (["--peers", "ar", "--n-prompts", "0"], "--n-prompts must be >= 1"),
+        (["--peers", "ar", "--max-new-tokens", "0"], "--max-new-tokens must be >= 1"),
+        (["--peers", "ar", "--dataset", "gsm9k"], "unknown --dataset 'gsm9k'"),
     ],
 )
 def test_bad_arguments(argv: list[str], message: str, capsys) -> None:

@@ -84,6 +84,18 @@ def test_health_and_openai_completions(oracle_server, tiny_model) -> None:
         ({"input_ids": [1, 2], "sampling_params": {"max_new_tokens": 10_000}}, "context"),
         ({"text": "hello"}, "no tokenizer"),
         ([1, 2, 3], "JSON object"),
+        ({"input_ids": [1, 2], "sampling_params": {"max_tokens": 4}}, "unsupported field(s) ['max_tokens']"),
+        ({"input_ids": [1, 2], "sampling_params": {"repetition_penalty": 1.2}}, "repetition_penalty is not impl"),
+        ({"input_ids": [1, 2], "sampling_params": {"min_new_tokens": 3}}, "min_new_tokens is not implemented"),
+        ({"input_ids": [1, 2], "sampling_params": {"n": 2}}, "n is not implemented"),
+        ({"input_ids": [1, 2], "stream": True}, "'stream' is not supported"),
+        ({"input_ids": [1, 2], "return_logprob": True}, "'return_logprob' is not supported"),
+        ({"input_ids": [1, 2], "image_data": "x"}, "unsupported field(s) ['image_data']"),
+        ({"input_ids": [1, 2], "sampling_params": {"stop": 5}}, "stop must be"),
+        ({"input_ids": [1, 2], "sampling_params": {"stop": {"x": 1}}}, "stop must be"),
+        ({"input_ids": [1, 2], "sampling_params": {"ignore_eos": "false"}}, "ignore_eos must be true or false"),
+        ({"input_ids": [1, 2], "sampling_params": {"sampling_seed": 2**70}}, "2**63 - 1"),
+        ({"input_ids": [1, 2], "sampling_params": {"top_k": -5}}, "top_k"),
     ],
     ids=[
         "no-prompt",
@@ -96,6 +108,18 @@ def test_health_and_openai_completions(oracle_server, tiny_model) -> None:
         "too-long",
         "text-no-tok",
         "list",
+        "misspelt-field",
+        "penalty",
+        "min-new-tokens",
+        "n",
+        "stream",
+        "logprobs",
+        "unknown-top-level",
+        "stop-int",
+        "stop-object",
+        "ignore-eos-string",
+        "huge-seed",
+        "top-k",
     ],
 )
 def test_bad_requests_get_400_and_the_server_lives(oracle_server, payload, reason) -> None:
@@ -103,6 +127,65 @@ def test_bad_requests_get_400_and_the_server_lives(oracle_server, payload, reaso
     assert status == 400 and reason in out["error"]["message"]
     status, _ = post(f"{oracle_server}/generate", {"input_ids": PROMPT, "sampling_params": {"max_new_tokens": 2}})
     assert status == 200
+
+
+def test_neutral_values_of_unimplemented_fields_are_accepted(oracle_server) -> None:
+    """What a client such as the bench pins (SGLang's defaults) is accepted and changes nothing."""
+    neutral = {"top_p": 1.0, "top_k": -1, "min_p": 0.0, "frequency_penalty": 0.0, "presence_penalty": 0.0}
+    base = {"max_new_tokens": 6, "temperature": 0}
+    _, plain = post(f"{oracle_server}/generate", {"input_ids": PROMPT, "sampling_params": base})
+    status, pinned = post(f"{oracle_server}/generate", {"input_ids": PROMPT, "sampling_params": base | neutral})
+    assert status == 200 and pinned["output_ids"] == plain["output_ids"]
+
+
+@pytest.mark.parametrize(
+    "payload, reason",
+    [
+        ({"prompt": PROMPT, "max_token": 4}, "unsupported field(s) ['max_token']"),
+        ({"prompt": PROMPT, "n": 2}, "n is not implemented"),
+        ({"prompt": PROMPT, "logprobs": 5}, "'logprobs' is not supported"),
+        ({"prompt": PROMPT, "stream": True}, "'stream' is not supported"),
+        ({"prompt": PROMPT, "echo": True}, "'echo' is not supported"),
+        ({"prompt": PROMPT, "presence_penalty": 0.5}, "presence_penalty is not implemented"),
+    ],
+    ids=["misspelt", "n", "logprobs", "stream", "echo", "penalty"],
+)
+def test_bad_completions_get_400(oracle_server, payload, reason) -> None:
+    status, out = post(f"{oracle_server}/v1/completions", payload)
+    assert status == 400 and reason in out["error"]["message"]
+
+
+def test_completions_pass_every_sampling_field_to_the_engine(tiny_model) -> None:
+    """/v1/completions hands max_tokens, temperature, top_p, top_k, seed and ignore_eos to the engine as /generate."""
+    engine = Engine(EngineConfig("tiny", "oracle", 4), tiny_model)
+    seen: list[dict[str, Any]] = []
+    generate_ = engine.generate
+    engine.generate = lambda ids, **kw: seen.append(kw) or generate_(ids, **kw)
+    fields = {"temperature": 0.7, "top_p": 0.9, "top_k": 5, "seed": 3, "ignore_eos": True}
+    with ServerThread(Server(engine)) as thread:
+        status, out = post(f"{thread.url}/v1/completions", {"prompt": PROMPT, "max_tokens": 6, **fields})
+        assert status == 200 and out["usage"]["completion_tokens"] == 6
+        status, _ = post(
+            f"{thread.url}/generate",
+            {"input_ids": PROMPT, "sampling_params": {"max_new_tokens": 6, **fields, "sampling_seed": 3}},
+        )
+    expected = {"max_new_tokens": 6, "temperature": 0.7, "top_p": 0.9, "top_k": 5, "seed": 3, "ignore_eos": True}
+    assert status == 200 and seen == [expected, expected]
+
+
+def test_one_token_request_still_reports_speculation(oracle_server) -> None:
+    """max_new_tokens 1 needs no verify pass: spec_verify_ct is 0, present, so a client can tell speculation is on."""
+    status, out = post(f"{oracle_server}/generate", {"input_ids": PROMPT, "sampling_params": {"max_new_tokens": 1}})
+    meta = out["meta_info"]
+    assert status == 200 and meta["completion_tokens"] == 1 and meta["spec_verify_ct"] == 0
+    assert "spec_accept_length" not in meta and meta["spec_correct_drafts_histogram"] == []
+
+
+def test_server_info_names_the_configuration(oracle_server) -> None:
+    with urllib.request.urlopen(f"{oracle_server}/get_server_info", timeout=10) as response:
+        info = json.loads(response.read())
+    assert info["model_path"] == "tiny" and info["weaver_method"] == "oracle" and info["weaver_budget"] == 4
+    assert info["speculative_algorithm"] == "WEAVER_ENGINE" and info["version"]
 
 
 def test_malformed_json_is_400(oracle_server) -> None:
@@ -130,8 +213,26 @@ def test_ar_server_reports_no_spec_fields(tiny_model) -> None:
     assert status == 200 and "spec_verify_ct" not in out["meta_info"]
 
 
-def test_bad_configuration_is_refused_before_loading() -> None:
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["--method", "chain", "--drafter", "d"], "budget"),
+        (["--method", "eagle", "--budget", "4"], "unknown method 'eagle'"),
+        (["--method", "ar", "--mode", "nucleus"], "invalid choice"),
+    ],
+    ids=["no-budget", "unknown-method", "bad-mode"],
+)
+def test_bad_configuration_is_refused_before_loading(argv: list[str], message: str, capsys) -> None:
     from weaver.serve import main
 
-    with pytest.raises(ValueError, match="budget"):
-        main(["--model", "smollm2-135m", "--method", "chain", "--drafter", "d"])
+    with pytest.raises((ValueError, SystemExit)) as caught:
+        main(["--model", "no-such-model", *argv])  # refused before the model would fail to load
+    assert message in str(caught.value) + capsys.readouterr().err
+
+
+def test_bad_port_is_refused(capsys) -> None:
+    from weaver.serve import parse_args
+
+    with pytest.raises(SystemExit):
+        parse_args(["--port", "70000"])
+    assert "--port must be" in capsys.readouterr().err

@@ -5,13 +5,20 @@
 
 Each finished prompt is appended to DIR/records.jsonl as one JSON line and fsync'ed (Spec-Bench style: per-step
 accept lengths and times), so an interrupted run resumes by skipping the prompt ids already there; a torn last line
-is dropped. DIR/meta.json is written last, atomically (temp file + fsync + rename), and is the cell's completion
-marker: Snakemake declares only meta.json as the output, so a partial records.jsonl is never taken as finished.
+is dropped. A record is reused only if it was made by the same configuration (CELL_KEYS) with the same checkpoints:
+every record carries the fingerprints of the local target / drafter / adapter files it ran with (checkpoint_id), so a
+retrained drafter or adapter reruns every prompt. DIR/meta.json is written last, atomically (temp file + fsync +
+rename), and is the cell's completion marker: Snakemake declares only meta.json as the output, so a partial
+records.jsonl is never taken as finished.
+
+Before the timed prompts one untimed warm-up request (the first prompt, --warmup-tokens new tokens) pays for lazy
+initialisation and allocator growth, which otherwise slow the first record (measured: 10.5 vs 19 tok/s on the CPU).
 """
 
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import os
 import platform
@@ -30,9 +37,33 @@ from weaver.paths import temperature_label
 DRAFTER_METHODS = ("chain", "ddtree", "weaver", "weaver_chain")  # need a drafter checkpoint
 ADAPTER_METHODS = ("weaver", "weaver_chain")  # need a Weaver adapter checkpoint too
 PAPER_CHILDREN = 8  # the Weaver builder's fan-out in the paper and the authors' SGLang fork
-PACKAGES = ("weaver-repro", "torch", "transformers", "numpy", "safetensors", "gguf", "triton", "snakemake")
-# Fields that must match for an existing record to count as done for this cell.
-CELL_KEYS = ("model", "dataset", "method", "budget", "temperature", "seed", "max_new_tokens", "mode")
+PACKAGES = (
+    "weaver-repro",
+    "torch",
+    "transformers",
+    "numpy",
+    "safetensors",
+    "gguf",
+    "triton",
+    "snakemake",
+    "aiohttp",
+    "sglang",
+)
+# Fields that must match for an existing record to count as done for this cell (with the checkpoints' fingerprints).
+CELL_KEYS = (
+    "model",
+    "dataset",
+    "method",
+    "budget",
+    "temperature",
+    "seed",
+    "max_new_tokens",
+    "mode",
+    "backend",
+    "children",
+)
+MODES = ("target_only", "traversal")  # sampling verifiers at temperature > 0
+WARMUP_TOKENS = 8
 
 
 @dataclass(frozen=True)
@@ -55,15 +86,43 @@ class CellConfig:
     threads: int | None
     backend: str = "engine"  # weaver.backends.BACKENDS
     server_url: str | None = None  # backend "server": base URL of a running SGLang-protocol server
-    port: int = 30000  # backend "sglang": loopback port of the launched server
+    port: int | None = None  # backend "sglang": loopback port of the launched server; None = a free one
     children: int = PAPER_CHILDREN  # weaver builders' fan-out (engine backend; the servers use their own)
+    warmup_tokens: int = WARMUP_TOKENS  # untimed warm-up request before the prompts; 0 = none
 
     def key(self) -> dict[str, Any]:
-        """The fields every record of this cell carries and resume checks."""
+        """The fields every record of this cell carries and resume checks (with `checkpoints()`)."""
         fields = asdict(self)
         fields["model"] = self.model_name
         fields["temperature"] = float(self.temperature)
+        if self.method not in ADAPTER_METHODS:
+            fields["children"] = None  # only the Weaver builders read the fan-out
         return {k: fields[k] for k in CELL_KEYS}
+
+    def checkpoints(self) -> dict[str, str | None]:
+        """Fingerprints of the files this cell decodes with (checkpoint_id); None where the method reads none."""
+        return {
+            "target": checkpoint_id(self.model),
+            "drafter": checkpoint_id(self.drafter) if self.method in DRAFTER_METHODS else None,
+            "adapter": checkpoint_id(self.adapter) if self.method in ADAPTER_METHODS else None,
+        }
+
+
+def checkpoint_id(path: str | None) -> str | None:
+    """A fingerprint of a local checkpoint (file, or the files at the top of a folder): sha256 of their names, sizes
+    and modification times, so it changes whenever training or a build rewrites them (as Snakemake decides what is
+    stale). A name that is not a local path (registry target, hub repo id) is its own fingerprint."""
+    if path is None:
+        return None
+    p = Path(path)
+    if not p.exists():
+        return str(path)
+    files = [p] if p.is_file() else sorted(f for f in p.iterdir() if f.is_file())
+    digest = hashlib.sha256()
+    for f in files:
+        st = f.stat()
+        digest.update(f"{f.name}\0{st.st_size}\0{st.st_mtime_ns}\n".encode())
+    return "sha256:" + digest.hexdigest()[:16]
 
 
 @dataclass(frozen=True)
@@ -78,7 +137,23 @@ class CellSummary:
 
 
 def check_cell(cell: CellConfig) -> None:
-    """Refuse an inconsistent cell with a message that names the fix."""
+    """Refuse an inconsistent cell with a message that names the fix, before anything is loaded or overwritten."""
+    from weaver.data import DATASETS
+    from weaver.sources import SOURCES
+
+    methods = ["ar", *sorted(SOURCES)]
+    if cell.method not in methods:
+        raise ValueError(f"unknown --method {cell.method!r}; choose from {', '.join(methods)}")
+    if cell.dataset not in DATASETS:
+        raise ValueError(f"unknown --dataset {cell.dataset!r}; choose from {', '.join(DATASETS.names())}")
+    if not cell.temperature >= 0:  # also refuses NaN
+        raise ValueError(f"--temperature must be >= 0 (0 = greedy), got {cell.temperature}")
+    if cell.mode not in MODES:
+        raise ValueError(f"--mode must be one of {', '.join(MODES)}, got {cell.mode!r}")
+    if cell.warmup_tokens < 0:
+        raise ValueError(f"--warmup-tokens must be >= 0 (0 = no warm-up), got {cell.warmup_tokens}")
+    if cell.port is not None and not 1 <= cell.port <= 65535:
+        raise ValueError(f"--port must be a TCP port in 1..65535 (or omitted: a free one), got {cell.port}")
     if cell.budget < 0:
         raise ValueError(f"--budget must be >= 0, got {cell.budget}")
     if cell.method == "ar" and cell.budget != 0:
@@ -93,10 +168,10 @@ def check_cell(cell: CellConfig) -> None:
         raise ValueError(f"method {cell.method!r} uses the Weaver adapter: give --adapter CHECKPOINT")
     if cell.children < 1:
         raise ValueError(f"--children must be >= 1, got {cell.children}")
-    if cell.children != PAPER_CHILDREN and cell.backend != "engine":
+    if cell.children != PAPER_CHILDREN and cell.backend == "sglang":
         raise ValueError(
-            f"--children {cell.children}: the {cell.backend} backend builds Weaver trees with its server's fan-out "
-            f"({PAPER_CHILDREN} in the authors' SGLang fork); --children applies to --backend engine only"
+            f"--children {cell.children}: the authors' SGLang fork builds Weaver trees with a fan-out of "
+            f"{PAPER_CHILDREN}; other fan-outs run on --backend engine (or server, checked against the server's)"
         )
     if cell.backend == "server" and not cell.server_url:
         raise ValueError("--backend server needs --server-url http://HOST:PORT (a running SGLang-protocol server)")
@@ -136,18 +211,18 @@ def append_record(path: Path, record: dict[str, Any]) -> None:
         os.fsync(f.fileno())
 
 
-def make_record(cell: CellConfig, prompt_id: str, stats: dict[str, Any]) -> dict[str, Any]:
-    """One JSONL record (DESIGN.md "Engine stats and result records") from GenerationStats.to_dict()."""
-    steps = stats["accept_lengths"]
+def make_record(key: dict[str, Any], prompt_id: str, stats: dict[str, Any]) -> dict[str, Any]:
+    """One JSONL record (DESIGN.md "Engine stats and result records") from GenerationStats.to_dict() and the cell's
+    identity (`cell_identity`). tree_sizes is None where the backend cannot know them (an HTTP server)."""
     return {
         "prompt_id": prompt_id,
-        **cell.key(),
+        **key,
         "prompt_tokens": stats["prompt_tokens"],
         "new_tokens": stats["new_tokens"],
         "steps": stats["steps"],
         "tau": stats["tau"],
-        "accept_lengths": steps,
-        "tree_sizes": stats.get("tree_sizes", []),
+        "accept_lengths": stats["accept_lengths"],
+        "tree_sizes": stats.get("tree_sizes"),
         "ttft_s": stats["ttft_s"],
         "wall_s": stats["wall_s"],
         "draft_s": stats["draft_s"],
@@ -158,30 +233,40 @@ def make_record(cell: CellConfig, prompt_id: str, stats: dict[str, Any]) -> dict
     }
 
 
+def cell_identity(cell: CellConfig) -> dict[str, Any]:
+    """What a record must carry to count as done for `cell`: its CELL_KEYS and the checkpoints' fingerprints."""
+    return {**cell.key(), "checkpoints": cell.checkpoints()}
+
+
 def run_prompts(
     cell: CellConfig,
     prompts: Sequence[tuple[str, list[int]]],
-    run_one: Callable[[list[int]], dict[str, Any]],
+    run_one: Callable[..., dict[str, Any]],
+    backend_info: dict[str, Any] | None = None,
 ) -> CellSummary:
     """Run `run_one` (prompt ids -> GenerationStats dict) on every prompt not yet in records.jsonl, then meta.json.
 
-    Earlier records that belong to another configuration or to prompts no longer asked for are dropped first, so
-    the finished file holds exactly this cell's prompts.
+    Earlier records that belong to another configuration or checkpoint, or to prompts no longer asked for, are
+    dropped first, so the finished file holds exactly this cell's prompts. When a prompt is left to run and
+    `cell.warmup_tokens` > 0, `run_one(ids, max_new_tokens=cell.warmup_tokens)` runs once first, untimed and not
+    recorded. `backend_info` (what the backend reports about itself, e.g. a server's identity) goes into meta.json.
     """
     out = Path(cell.out)
     out.mkdir(parents=True, exist_ok=True)
     meta, records_path = out / "meta.json", out / "records.jsonl"
+    identity = cell_identity(cell)
     meta.unlink(missing_ok=True)  # from here on the cell is unfinished
     wanted = {pid for pid, _ in prompts}
-    kept = [r for r in read_records(records_path) if r["prompt_id"] in wanted and _same_cell(r, cell)]
+    kept = [r for r in read_records(records_path) if r["prompt_id"] in wanted and _matches(r, identity)]
     kept = list({r["prompt_id"]: r for r in kept}.values())
     write_atomic(records_path, "".join(json.dumps(r) + "\n" for r in kept))
     done = {r["prompt_id"] for r in kept}
+    todo = [(i, pid, ids) for i, (pid, ids) in enumerate(prompts) if pid not in done]
+    if todo and cell.warmup_tokens:
+        run_one(todo[0][2], max_new_tokens=cell.warmup_tokens)
     records = list(kept)
-    for i, (prompt_id, ids) in enumerate(prompts):
-        if prompt_id in done:
-            continue
-        record = make_record(cell, prompt_id, run_one(ids))
+    for i, prompt_id, ids in todo:
+        record = make_record(identity, prompt_id, run_one(ids))
         append_record(records_path, record)
         records.append(record)
         print(
@@ -197,13 +282,19 @@ def run_prompts(
         steps=sum(r["steps"] for r in records),
         wall_s=sum(r["wall_s"] for r in records),
     )
-    meta_obj = {"cell": asdict(cell), "summary": asdict(summary), **environment()}
+    meta_obj = {
+        "cell": asdict(cell),
+        "checkpoints": identity["checkpoints"],
+        "summary": asdict(summary),
+        "backend_info": backend_info,
+        **environment(),
+    }
     write_atomic(meta, json.dumps(meta_obj, indent=2) + "\n")
     return summary
 
 
-def _same_cell(record: dict[str, Any], cell: CellConfig) -> bool:
-    return all(record.get(k) == v for k, v in cell.key().items())
+def _matches(record: dict[str, Any], identity: dict[str, Any]) -> bool:
+    return all(record.get(k) == v for k, v in identity.items())
 
 
 def environment() -> dict[str, Any]:
@@ -270,13 +361,24 @@ def parse_args(argv: Sequence[str] | None = None) -> CellConfig:
         "--children",
         type=int,
         default=PAPER_CHILDREN,
-        help=f"weaver builders' fan-out per expanded node (paper: {PAPER_CHILDREN}; engine only)",
+        help=f"weaver builders' fan-out per expanded node (paper and SGLang fork: {PAPER_CHILDREN})",
     )
     p.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's choice)")
     p.add_argument("--out", required=True, help="cell folder: records.jsonl and meta.json are written there")
     p.add_argument("--backend", default="engine", choices=BACKENDS, help="engine (in process), server, or sglang")
     p.add_argument("--server-url", default=None, help="backend server: base URL, e.g. http://127.0.0.1:30000")
-    p.add_argument("--port", type=int, default=30000, help="backend sglang: loopback port of the launched server")
+    p.add_argument(
+        "--port",
+        type=int,
+        default=None,
+        help="backend sglang: loopback port of the launched server (default: a free one; a busy port is refused)",
+    )
+    p.add_argument(
+        "--warmup-tokens",
+        type=int,
+        default=WARMUP_TOKENS,
+        help="new tokens of the untimed warm-up request on the first prompt (0 = none)",
+    )
     a = p.parse_args(argv)
     cell = CellConfig(
         model=a.model,
@@ -297,14 +399,18 @@ def parse_args(argv: Sequence[str] | None = None) -> CellConfig:
         server_url=a.server_url,
         port=a.port,
         children=a.children,
+        warmup_tokens=a.warmup_tokens,
     )
     check_cell(cell)
     return cell
 
 
 def make_backend(cell: CellConfig, model: Any = None, tokenizer: Any = None):
-    """The cell's backend (weaver.backends), not yet entered; `model`/`tokenizer` are reused by the engine."""
-    from weaver.backends.http import ServerClient, ServerProcess
+    """The cell's backend (weaver.backends), not yet entered; `model`/`tokenizer` are reused by the engine.
+
+    The HTTP backends check on entry that the server runs the cell's configuration (ServerClient.identify).
+    """
+    from weaver.backends.http import ServerClient, ServerExpectation, ServerProcess, free_port
 
     sampling = {"temperature": cell.temperature, "max_new_tokens": cell.max_new_tokens, "seed": cell.seed}
     if cell.backend == "engine":
@@ -314,15 +420,18 @@ def make_backend(cell: CellConfig, model: Any = None, tokenizer: Any = None):
             cell.model, cell.method, cell.budget, cell.drafter, cell.adapter, cell.mode, children=cell.children
         )
         return EngineBackend(Engine(config, model, tokenizer), **sampling)
+    expect = ServerExpectation(cell.model, cell.method, cell.budget, cell.mode, cell.children)
     if cell.backend == "server":
-        return ServerClient(cell.server_url, method=cell.method, **sampling)
+        return ServerClient(cell.server_url, method=cell.method, expect=expect, **sampling)
     from weaver.backends.sglang import SglangLaunch, check_sglang_build, sglang_command
 
-    launch = SglangLaunch(cell.model, cell.method, cell.port, cell.budget, cell.drafter, cell.adapter, cell.mode)
+    port = cell.port if cell.port is not None else free_port()
+    launch = SglangLaunch(cell.model, cell.method, port, cell.budget, cell.drafter, cell.adapter, cell.mode)
     command = sglang_command(launch)  # refuses what SGLang cannot run
     check_sglang_build(launch)  # ddtree: the installed SGLang must offer the fork's DDTree proposal
     url = f"http://{launch.host}:{launch.port}"
-    return _LaunchedServer(ServerProcess(command, url), ServerClient(url, method=cell.method, **sampling))
+    client = ServerClient(url, method=cell.method, expect=expect, **sampling)
+    return _LaunchedServer(ServerProcess(command, url), client)
 
 
 class _LaunchedServer:
@@ -335,14 +444,23 @@ class _LaunchedServer:
 
     def __enter__(self) -> _LaunchedServer:
         self.process.__enter__()
+        try:
+            self.client.__enter__()  # the launched server must be the one answering, with the cell's configuration
+        except BaseException:
+            self.process.__exit__(None, None, None)
+            raise
         return self
 
     def __exit__(self, *exc: object) -> None:
         self.process.__exit__(*exc)
 
-    def run(self, prompt_ids: list[int]) -> dict[str, Any]:
+    @property
+    def info(self) -> dict[str, Any]:
+        return {"command": self.process.command, "server_info": self.client.info}
+
+    def run(self, prompt_ids: list[int], max_new_tokens: int | None = None) -> dict[str, Any]:
         try:
-            return self.client.run(prompt_ids)
+            return self.client.run(prompt_ids, max_new_tokens)
         except Exception:
             self.process.check_alive()  # a dead server is the better error message
             raise
@@ -378,7 +496,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     drawn = load_prompts(cell.dataset, n=cell.n_prompts, seed=cell.seed)  # the same draw for every method
     prompts = [(p.prompt_id, format_prompt(tokenizer, p)) for p in drawn]
     with make_backend(cell, model, tokenizer) as backend:
-        summary = run_prompts(cell, prompts, backend.run)
+        summary = run_prompts(cell, prompts, backend.run, backend_info=getattr(backend, "info", None))
     print(f"{cell.out}: {summary.n_records} records ({summary.n_resumed} resumed)", file=sys.stderr)
     return 0
 

@@ -20,6 +20,9 @@ from lm_eval.api.model import LM
 from lm_eval.api.registry import register_model
 
 from weaver.backends.engine import Engine, EngineConfig
+from weaver.bench import PAPER_CHILDREN
+
+MODEL_ARGS = ("model", "method", "budget", "drafter", "adapter", "mode", "children", "max_gen_toks", "seed")
 
 
 def _cut(text: str, until: list[str]) -> str:
@@ -30,7 +33,9 @@ def _cut(text: str, until: list[str]) -> str:
 
 @register_model("weaver")
 class WeaverLM(LM):
-    """model_args: model, method, budget, drafter, adapter, mode, max_gen_toks, seed (lm-eval passes strings)."""
+    """model_args: model, method, budget, drafter, adapter, mode, children, max_gen_toks, seed (lm-eval passes
+    strings). lm-eval's own batch_size / max_batch_size are accepted (requests run one at a time: the outputs do not
+    depend on it) and device must be cpu; any other argument is refused, so a misspelt one cannot go unnoticed."""
 
     def __init__(
         self,
@@ -40,12 +45,23 @@ class WeaverLM(LM):
         drafter: str | None = None,
         adapter: str | None = None,
         mode: str = "target_only",
+        children: int | str = PAPER_CHILDREN,
         max_gen_toks: int | str = 256,
         seed: int | str = 0,
-        **unused: Any,  # lm-eval adds batch_size, device, ...; the engine runs batch 1 on its own device
+        batch_size: int | str | None = None,
+        max_batch_size: int | str | None = None,
+        device: str | None = None,
+        **unknown: Any,
     ) -> None:
         super().__init__()
-        self.engine = Engine(EngineConfig(model, method, int(budget), drafter, adapter, mode))
+        if unknown:
+            raise ValueError(
+                f"unknown weaver model_args {sorted(unknown)}; the weaver model takes {', '.join(MODEL_ARGS)}"
+            )
+        if device not in (None, "cpu"):
+            raise ValueError(f"the weaver lm-eval model runs on the CPU; got device {device!r} (leave --device out)")
+        config = EngineConfig(model, method, int(budget), drafter, adapter, mode, children=int(children))
+        self.engine = Engine(config)
         self.tokenizer = self.engine.tokenizer
         self.max_gen_toks, self.seed = int(max_gen_toks), int(seed)
         self.stats: list[dict[str, Any]] = []  # per generate_until request: GenerationStats.to_dict()
@@ -93,15 +109,21 @@ class WeaverLM(LM):
         total = float(logprobs.gather(-1, target[:, None]).sum())
         return total, bool((logprobs.argmax(-1) == target).all())
 
+    def _encode_pair(self, context: str, continuation: str) -> tuple[list[int], list[int]]:
+        """Token ids of (context, continuation), as lm-eval's HFLM splits them: trailing whitespace of the context
+        moves to the continuation (" cat" is one token, not " " + "cat"), the whole text is encoded and split where
+        the context's ids end; if the tokenizer merges across that boundary, the continuation is encoded alone."""
+        n_spaces = len(context) - len(context.rstrip())
+        if n_spaces:
+            context, continuation = context[:-n_spaces], context[-n_spaces:] + continuation
+        ctx, whole = self._encode(context), self._encode(context + continuation)
+        cont = whole[len(ctx) :] if whole[: len(ctx)] == ctx else self._encode(continuation)
+        if not cont:
+            raise ValueError(f"the continuation {continuation!r} encodes to no tokens: nothing to score")
+        return ctx or [self.tokenizer.bos_token_id or 0], cont  # empty context: condition on the BOS token
+
     def loglikelihood(self, requests: list[Any]) -> list[tuple[float, bool]]:
-        results = []
-        for request in requests:
-            context, continuation = request.args
-            whole, ctx = self._encode(context + continuation), self._encode(context)
-            if not ctx:  # score the whole text after the BOS (or first) token
-                ctx, whole = [self.tokenizer.bos_token_id or 0], [self.tokenizer.bos_token_id or 0] + whole
-            results.append(self._score(ctx, whole[len(ctx) :]))
-        return results
+        return [self._score(*self._encode_pair(*request.args)) for request in requests]
 
     def loglikelihood_rolling(self, requests: list[Any]) -> list[float]:
         bos = self.tokenizer.bos_token_id if self.tokenizer.bos_token_id is not None else self.tokenizer.eos_token_id

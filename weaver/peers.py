@@ -209,6 +209,15 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         p.error(f"peers {sorted(set(args.peers) & set(DRAFTER_PEERS))} need --drafter DIR")
     if "weaver" in args.peers and not args.adapter:
         p.error("peer weaver needs --adapter CHECKPOINT")
+    for flag in ("n_prompts", "max_new_tokens", "budget", "lookup_tokens", "children"):
+        if getattr(args, flag) < 1:
+            p.error(f"--{flag.replace('_', '-')} must be >= 1, got {getattr(args, flag)}")
+    if args.warmup_tokens < 0:
+        p.error(f"--warmup-tokens must be >= 0 (0 = no warm-up), got {args.warmup_tokens}")
+    from weaver.data import DATASETS
+
+    if args.dataset not in DATASETS:
+        p.error(f"unknown --dataset {args.dataset!r}; choose from {', '.join(DATASETS.names())}")
     return args
 
 

@@ -10,7 +10,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from weaver.bench import ADAPTER_METHODS, DRAFTER_METHODS, PAPER_CHILDREN
+from weaver.bench import ADAPTER_METHODS, DRAFTER_METHODS, MODES, PAPER_CHILDREN
 
 
 @dataclass(frozen=True)
@@ -26,6 +26,13 @@ class EngineConfig:
     children: int = PAPER_CHILDREN  # weaver builders' fan-out: top pool children per expanded node
 
     def check(self) -> None:
+        """Refuse a configuration the engine cannot run, before the (slow) model load."""
+        from weaver.sources import SOURCES
+
+        if self.method != "ar" and self.method not in SOURCES:
+            raise ValueError(f"unknown method {self.method!r}; choose from {', '.join(['ar', *sorted(SOURCES)])}")
+        if self.mode not in MODES:
+            raise ValueError(f"mode must be one of {', '.join(MODES)}, got {self.mode!r}")
         if self.children < 1:
             raise ValueError(f"children must be >= 1 (top pool children per expanded node), got {self.children}")
         if self.method == "ar" and self.budget != 0:
@@ -110,8 +117,8 @@ class EngineBackend:
     def __exit__(self, *exc: object) -> None:
         return None
 
-    def run(self, prompt_ids: list[int]) -> dict[str, Any]:
-        result = self.engine.generate(
-            prompt_ids, max_new_tokens=self.max_new_tokens, temperature=self.temperature, seed=self.seed
-        )
+    def run(self, prompt_ids: list[int], max_new_tokens: int | None = None) -> dict[str, Any]:
+        """One prompt; `max_new_tokens` overrides the cell's (the bench's warm-up)."""
+        new = self.max_new_tokens if max_new_tokens is None else max_new_tokens
+        result = self.engine.generate(prompt_ids, max_new_tokens=new, temperature=self.temperature, seed=self.seed)
         return result.stats.to_dict()
