@@ -66,6 +66,42 @@ def test_greedy_speculation_equals_plain_decoding(targets, family) -> None:
 
 
 @pytest.mark.parametrize("family", ["llama", "qwen3_next"])
+def test_speculation_at_the_end_of_the_context_equals_plain_decoding(targets, family) -> None:
+    """A prompt that ends near the context limit: trees are cut to the positions left (a chain of 15 drafts would
+    otherwise reach past the context), and the output still equals greedy decoding up to the last position."""
+    model = targets[family]
+    context = model.config.max_position_embeddings
+    g = torch.Generator().manual_seed(1)
+    prompt = torch.randint(3, 97, (context - 12,), generator=g).tolist()
+    reference = generate(model, prompt, max_new_tokens=13).output_ids  # 13 - 1 new positions: exactly the context
+    drafter, adapter = _drafter_and_adapter(model)
+    for method in ("oracle", "random", "prompt_lookup", "chain", "ddtree", "weaver", "weaver_chain"):
+        out = generate(model, prompt, source=_source(method, model, drafter, adapter), budget=16, max_new_tokens=13)
+        assert out.output_ids == reference, f"{family}/{method} diverged at the end of the context"
+    with pytest.raises(ValueError, match="exceeds the model's context"):
+        generate(model, prompt, max_new_tokens=14)
+
+
+def test_truncate_keeps_a_valid_prefix_closed_tree() -> None:
+    tree = Tree.from_lists([9, 1, 2, 3, 4, 5, 6], [-1, 0, 0, 1, 3, 2, 5], [0.0, -1, -2, -3, -4, -5, -6])
+    cut = tree.truncate(2)
+    assert cut.tokens.tolist() == [9, 1, 2, 3, 5] and cut.parents.tolist() == [-1, 0, 0, 1, 2]
+    assert cut.draft_logprobs.tolist() == [0.0, -1, -2, -3, -5] and cut.depths.max() == 2
+    cut.validate(depth_cap=2)
+    assert tree.truncate(3) is tree and tree.truncate(0).num_nodes == 1
+
+
+def test_random_source_stops_when_every_node_is_full(targets) -> None:
+    """Budget above what the depth cap and vocabulary allow: the random tree stops growing instead of looping."""
+    from weaver.sources import RandomSource
+
+    source = RandomSource(targets["llama"], depth_cap=1)
+    source.vocab_size = 3
+    tree = source.build(None, 0, 8, torch.Generator().manual_seed(0))
+    assert sorted(tree.tokens[1:].tolist()) == [0, 1, 2]
+
+
+@pytest.mark.parametrize("family", ["llama", "qwen3_next"])
 def test_acceptance_floor_all_accept_and_none_accept(targets, family) -> None:
     """The oracle (drafter = target) accepts every draft; a random tree accepts (almost) none."""
     model = targets[family]

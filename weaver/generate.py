@@ -80,10 +80,10 @@ def _check_inputs(model: Any, prompt_ids: Sequence[int], budget: int, max_new_to
     if mode not in VERIFY_MODES:
         raise ValueError(f"verify mode must be one of {VERIFY_MODES}, got {mode!r}")
     context = model.config.max_position_embeddings
-    if len(prompt_ids) + max_new_tokens > context:
+    if len(prompt_ids) + max_new_tokens - 1 > context:  # the last new token is never fed back: it needs no position
         raise ValueError(
-            f"prompt ({len(prompt_ids)} tokens) + max_new_tokens ({max_new_tokens}) exceeds the model's context of "
-            f"{context} tokens: shorten the prompt or lower max_new_tokens"
+            f"prompt ({len(prompt_ids)} tokens) + max_new_tokens ({max_new_tokens}) - 1 exceeds the model's context "
+            f"of {context} tokens: shorten the prompt or lower max_new_tokens"
         )
     vocab = model.config.vocab_size
     if min(prompt_ids) < 0 or max(prompt_ids) >= vocab:
@@ -139,6 +139,8 @@ def generate(
             draft = source.draft(root, generator)
             t1 = time.perf_counter()
             tree = source.build(draft, root, budget, generator) if budget > 0 else Tree.root_only(root)
+            # near the end of the context a node at depth d (position seq_len + d) may not fit: verify what fits
+            tree = tree.truncate(model.config.max_position_embeddings - 1 - cache.seq_len)
             t2 = time.perf_counter()
             out = model.verify(tree, cache, hidden_layers=layers)
             verdict = accept(tree, out.logits[0], params, mode=mode, generator=generator)

@@ -156,7 +156,8 @@ class OracleSource:
 
     def build(self, draft: list[int], root: int, budget: int, generator: torch.Generator) -> Tree:
         chain = [root]
-        for _ in range(min(budget, self.max_draft)):
+        room = self.model.config.max_position_embeddings - self.cache.seq_len - 1  # drafts that fit in the context
+        for _ in range(min(budget, self.max_draft, room)):
             logits = self.model.verify(Tree.chain(chain), self.cache).logits[0, -1]
             self.cache.discard_pending()
             chain.append(int(logits.argmax()))
@@ -186,7 +187,9 @@ class RandomSource:
     def build(self, draft: None, root: int, budget: int, generator: torch.Generator) -> Tree:
         tokens, parents, depths, used = [root], [-1], [0], [set()]
         for _ in range(budget):
-            open_nodes = [i for i, d in enumerate(depths) if d < self.depth_cap]
+            open_nodes = [i for i, d in enumerate(depths) if d < self.depth_cap and len(used[i]) < self.vocab_size]
+            if not open_nodes:  # every node within the depth cap has the whole vocabulary as children
+                break
             p = open_nodes[int(torch.randint(len(open_nodes), (1,), generator=generator))]
             tok = int(torch.randint(self.vocab_size, (1,), generator=generator))
             while tok in used[p]:

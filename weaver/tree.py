@@ -102,6 +102,18 @@ class Tree:
         """A tree with no drafts: verification degenerates to one autoregressive step."""
         return cls.from_lists([token], [-1])
 
+    def truncate(self, max_depth: int) -> Tree:
+        """The nodes at depth <= max_depth, in the same order (a prefix-closed subtree: ancestors are shallower);
+        self when nothing is deeper."""
+        if int(self.depths.max()) <= max_depth:
+            return self
+        keep = torch.nonzero(self.depths <= max_depth).flatten()
+        new_index = torch.full((self.num_nodes,), -1, dtype=torch.long)
+        new_index[keep] = torch.arange(keep.numel())
+        parents = self.parents[keep]
+        parents = torch.where(parents >= 0, new_index[parents.clamp(min=0)], parents)
+        return Tree(self.tokens[keep], parents, self.depths[keep], self.draft_logprobs[keep])
+
     # ------------------------------------------------------------------ structure
     @property
     def num_nodes(self) -> int:
