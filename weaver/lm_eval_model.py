@@ -35,7 +35,8 @@ def _cut(text: str, until: list[str]) -> str:
 class WeaverLM(LM):
     """model_args: model, method, budget, drafter, adapter, mode, children, max_gen_toks, seed (lm-eval passes
     strings). lm-eval's own batch_size / max_batch_size are accepted (requests run one at a time: the outputs do not
-    depend on it) and device must be cpu; any other argument is refused, so a misspelt one cannot go unnoticed."""
+    depend on it); device must be cpu (lm-eval's default cuda:0 is taken as the CPU where CUDA is absent, as its HFLM
+    does); any other argument is refused, so a misspelt one cannot go unnoticed."""
 
     def __init__(
         self,
@@ -58,8 +59,11 @@ class WeaverLM(LM):
             raise ValueError(
                 f"unknown weaver model_args {sorted(unknown)}; the weaver model takes {', '.join(MODEL_ARGS)}"
             )
-        if device not in (None, "cpu"):
-            raise ValueError(f"the weaver lm-eval model runs on the CPU; got device {device!r} (leave --device out)")
+        if device not in (None, "cpu") and not (str(device).startswith("cuda") and not torch.cuda.is_available()):
+            # lm-eval's CLI passes cuda:0 unless told otherwise; without CUDA that means the CPU (as for its HFLM)
+            raise ValueError(
+                f"the weaver lm-eval model runs its engine on the CPU; got device {device!r}: pass --device cpu"
+            )
         config = EngineConfig(model, method, int(budget), drafter, adapter, mode, children=int(children))
         self.engine = Engine(config)
         self.tokenizer = self.engine.tokenizer
