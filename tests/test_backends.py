@@ -20,6 +20,7 @@ from weaver.backends.http import (
     ServerError,
     ServerExpectation,
     ServerProcess,
+    free_port,
     identity_problems,
     stats_from_response,
 )
@@ -42,12 +43,6 @@ SAMPLING = {"temperature": 0.0, "max_new_tokens": 10, "seed": 0}
 @pytest.fixture(scope="module")
 def tiny_model():
     return from_hf_model(tiny_hf_model("llama"))
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @pytest.mark.parametrize("method, budget", [("ar", 0), ("oracle", 4), ("prompt_lookup", 3)])

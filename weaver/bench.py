@@ -62,7 +62,6 @@ CELL_KEYS = (
     "backend",
     "children",
 )
-MODES = ("target_only", "traversal")  # sampling verifiers at temperature > 0
 WARMUP_TOKENS = 8
 
 
@@ -139,17 +138,16 @@ class CellSummary:
 def check_cell(cell: CellConfig) -> None:
     """Refuse an inconsistent cell with a message that names the fix, before anything is loaded or overwritten."""
     from weaver.data import DATASETS
-    from weaver.sources import SOURCES
+    from weaver.sources import check_method
+    from weaver.verify import SAMPLING_MODES
 
-    methods = ["ar", *sorted(SOURCES)]
-    if cell.method not in methods:
-        raise ValueError(f"unknown --method {cell.method!r}; choose from {', '.join(methods)}")
+    check_method(cell.method, "--method")
     if cell.dataset not in DATASETS:
         raise ValueError(f"unknown --dataset {cell.dataset!r}; choose from {', '.join(DATASETS.names())}")
     if not cell.temperature >= 0:  # also refuses NaN
         raise ValueError(f"--temperature must be >= 0 (0 = greedy), got {cell.temperature}")
-    if cell.mode not in MODES:
-        raise ValueError(f"--mode must be one of {', '.join(MODES)}, got {cell.mode!r}")
+    if cell.mode not in SAMPLING_MODES:
+        raise ValueError(f"--mode must be one of {', '.join(SAMPLING_MODES)}, got {cell.mode!r}")
     if cell.warmup_tokens < 0:
         raise ValueError(f"--warmup-tokens must be >= 0 (0 = no warm-up), got {cell.warmup_tokens}")
     if cell.port is not None and not 1 <= cell.port <= 65535:
@@ -344,6 +342,8 @@ def _hardware() -> dict[str, Any]:
 
 
 def parse_args(argv: Sequence[str] | None = None) -> CellConfig:
+    from weaver.verify import SAMPLING_MODES
+
     p = argparse.ArgumentParser(prog="python -m weaver.bench", description=__doc__.splitlines()[0])
     p.add_argument("--model", required=True, help="target: a registry name or a local Hugging Face folder")
     p.add_argument("--model-name", default=None, help="name in records and paths (default: basename of --model)")
@@ -354,7 +354,7 @@ def parse_args(argv: Sequence[str] | None = None) -> CellConfig:
     p.add_argument("--n-prompts", type=int, required=True, help="prompts drawn from the dataset with --seed")
     p.add_argument("--max-new-tokens", type=int, required=True, help="upper bound on generated tokens per prompt")
     p.add_argument("--seed", type=int, default=0, help="seed of the prompt draw and of the sampling generator")
-    p.add_argument("--mode", default="target_only", choices=("target_only", "traversal"), help="verifier at T > 0")
+    p.add_argument("--mode", default="target_only", choices=SAMPLING_MODES, help="verifier at T > 0")
     p.add_argument("--drafter", default=None, help="drafter checkpoint folder (chain, ddtree, weaver, weaver_chain)")
     p.add_argument("--adapter", default=None, help="Weaver adapter checkpoint file (weaver, weaver_chain)")
     p.add_argument(

@@ -21,10 +21,7 @@ import torch
 
 from weaver.sources import SOURCES, TreeSource, make_source
 from weaver.tree import Tree
-from weaver.verify import SamplingParams, accept, target_probs
-
-VERIFY_MODES = ("greedy", "target_only", "traversal")
-GREEDY = SamplingParams()
+from weaver.verify import GREEDY, MODES, SAMPLING_MODES, SamplingParams, accept, target_probs
 
 
 @dataclass(frozen=True)
@@ -77,8 +74,8 @@ def _check_inputs(model: Any, prompt_ids: Sequence[int], budget: int, max_new_to
         raise ValueError(f"budget must be >= 0 (drafted nodes per step), got {budget}")
     if max_new_tokens < 1:
         raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
-    if mode not in VERIFY_MODES:
-        raise ValueError(f"verify mode must be one of {VERIFY_MODES}, got {mode!r}")
+    if mode not in MODES:
+        raise ValueError(f"verify mode must be one of {MODES}, got {mode!r}")
     context = model.config.max_position_embeddings
     if len(prompt_ids) + max_new_tokens - 1 > context:  # the last new token is never fed back: it needs no position
         raise ValueError(
@@ -139,8 +136,9 @@ def generate(
             draft = source.draft(root, generator)
             t1 = time.perf_counter()
             tree = source.build(draft, root, budget, generator) if budget > 0 else Tree.root_only(root)
-            # near the end of the context a node at depth d (position seq_len + d) may not fit: verify what fits
-            tree = tree.truncate(model.config.max_position_embeddings - 1 - cache.seq_len)
+            room = model.config.max_position_embeddings - 1 - cache.seq_len  # deepest node position that fits
+            if room < tree.budget:  # near the end of the context: a node at depth d sits at position seq_len + d
+                tree = tree.truncate(room)
             t2 = time.perf_counter()
             out = model.verify(tree, cache, hidden_layers=layers)
             verdict = accept(tree, out.logits[0], params, mode=mode, generator=generator)
@@ -186,7 +184,7 @@ def _parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     p.add_argument("--temperature", type=float, default=0.0, help="sampling temperature; 0 = greedy")
     p.add_argument("--top-k", type=int, default=0, help="keep the k most likely tokens (0 = off)")
     p.add_argument("--top-p", type=float, default=1.0, help="nucleus filtering mass (1 = off)")
-    p.add_argument("--mode", default="target_only", choices=VERIFY_MODES[1:], help="sampling verifier for T > 0")
+    p.add_argument("--mode", default="target_only", choices=SAMPLING_MODES, help="sampling verifier for T > 0")
     p.add_argument("--seed", type=int, default=0, help="seed of the sampling generator")
     p.add_argument("--drafter", default=None, help="drafter checkpoint folder (drafter-based methods)")
     p.add_argument("--adapter", default=None, help="Weaver adapter checkpoint file (weaver methods)")

@@ -32,6 +32,7 @@ from aiohttp import web
 
 from weaver.backends.engine import Engine, EngineConfig
 from weaver.bench import PAPER_CHILDREN
+from weaver.verify import SAMPLING_MODES
 
 
 class BadRequest(ValueError):
@@ -380,7 +381,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument("--budget", type=int, default=0, help="drafted tree nodes per step; 0 for ar")
     p.add_argument("--drafter", default=None, help="drafter checkpoint folder (chain, ddtree, weaver, weaver_chain)")
     p.add_argument("--adapter", default=None, help="Weaver adapter checkpoint file (weaver, weaver_chain)")
-    p.add_argument("--mode", default="target_only", choices=("target_only", "traversal"), help="verifier at T > 0")
+    p.add_argument("--mode", default="target_only", choices=SAMPLING_MODES, help="verifier at T > 0")
     p.add_argument("--host", default="127.0.0.1", help="interface to bind (loopback by default)")
     p.add_argument("--port", type=int, default=30000, help="TCP port (1..65535)")
     p.add_argument(

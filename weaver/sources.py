@@ -48,6 +48,12 @@ def register_source(name: str) -> Callable:
     return decorate
 
 
+def check_method(method: str, name: str = "method") -> None:
+    """Refuse a method that is neither "ar" nor a registered source; `name` is how the caller's user gave it."""
+    if method != "ar" and method not in SOURCES:
+        raise ValueError(f"unknown {name} {method!r}; choose from {', '.join(['ar', *sorted(SOURCES)])}")
+
+
 def make_source(method: str, model: Any, **options: Any) -> TreeSource | None:
     """The tree source for `method`; None for plain autoregressive decoding ("ar")."""
     if method == "ar":

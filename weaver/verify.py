@@ -27,7 +27,8 @@ import torch
 from weaver.sampling import Chooser, GeneratorChooser, SamplingParams, check_logits, target_probs
 from weaver.tree import Tree
 
-MODES = ("greedy", "target_only", "traversal")
+SAMPLING_MODES = ("target_only", "traversal")  # the verifiers at temperature > 0
+MODES = ("greedy", *SAMPLING_MODES)
 GREEDY = SamplingParams()
 
 RowProbs = Callable[[int], torch.Tensor]  # node index -> [V] float64 filtered target distribution at that node

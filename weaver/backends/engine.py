@@ -10,7 +10,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from weaver.bench import ADAPTER_METHODS, DRAFTER_METHODS, MODES, PAPER_CHILDREN
+from weaver.bench import ADAPTER_METHODS, DRAFTER_METHODS, PAPER_CHILDREN
 
 
 @dataclass(frozen=True)
@@ -27,12 +27,12 @@ class EngineConfig:
 
     def check(self) -> None:
         """Refuse a configuration the engine cannot run, before the (slow) model load."""
-        from weaver.sources import SOURCES
+        from weaver.sources import check_method
+        from weaver.verify import SAMPLING_MODES
 
-        if self.method != "ar" and self.method not in SOURCES:
-            raise ValueError(f"unknown method {self.method!r}; choose from {', '.join(['ar', *sorted(SOURCES)])}")
-        if self.mode not in MODES:
-            raise ValueError(f"mode must be one of {', '.join(MODES)}, got {self.mode!r}")
+        check_method(self.method)
+        if self.mode not in SAMPLING_MODES:
+            raise ValueError(f"mode must be one of {', '.join(SAMPLING_MODES)}, got {self.mode!r}")
         if self.children < 1:
             raise ValueError(f"children must be >= 1 (top pool children per expanded node), got {self.children}")
         if self.method == "ar" and self.budget != 0:

@@ -95,10 +95,7 @@ def identity_problems(info: dict[str, Any], want: ServerExpectation) -> list[str
             expected["weaver_mode"] = want.mode
         if want.method in ADAPTER_METHODS and want.children is not None:
             expected["weaver_children"] = want.children
-        problems += [
-            f"its {k} is {info.get(k)!r}, the cell's is {v!r}" for k, v in expected.items() if info.get(k) != v
-        ]
-        return problems
+        return problems + _differences(info, expected)
     if want.method not in SGLANG_ALGORITHMS:
         return [*problems, f"method {want.method!r} has no SGLang configuration"]
     algorithm = info.get("speculative_algorithm")
@@ -113,9 +110,7 @@ def identity_problems(info: dict[str, Any], want: ServerExpectation) -> list[str
             "speculative_dflash_tfm_tree_budget": want.budget,
             "speculative_dflash_tfm_tree_sampling_mode": want.mode,
         }
-        problems += [
-            f"its {k} is {info.get(k)!r}, the cell's is {v!r}" for k, v in expected.items() if info.get(k) != v
-        ]
+        problems += _differences(info, expected)
         if proposal != want.method:
             problems.append(
                 f"its speculative_dflash_tfm_proposal is {proposal!r}, the cell's method is {want.method!r}"
@@ -125,6 +120,10 @@ def identity_problems(info: dict[str, Any], want: ServerExpectation) -> list[str
                 f"the fork's Weaver expands {PAPER_CHILDREN} children per node, the cell asks {want.children}"
             )
     return problems
+
+
+def _differences(info: dict[str, Any], expected: dict[str, Any]) -> list[str]:
+    return [f"its {k} is {info.get(k)!r}, the cell's is {v!r}" for k, v in expected.items() if info.get(k) != v]
 
 
 def stats_from_response(
