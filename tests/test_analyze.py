@@ -8,7 +8,7 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from weaver.analyze import cell_table, depth_acceptance, load_requests, macro_table, reuse_budget_free
+from weaver.analyze import cell_table, depth_acceptance, kernel_table, load_requests, macro_table, reuse_budget_free
 
 MISSING = object()  # a record without the tree_sizes field (older logs)
 
@@ -126,3 +126,27 @@ def test_macro_speedup_needs_ar_on_every_dataset(tmp_path: Path) -> None:
     ]
     macro = macro_table(cell_table(reuse_budget_free(load_requests(metas), []))).set_index("method")
     assert macro.loc["ddtree", "n_datasets"] == 2 and pd.isna(macro.loc["ddtree", "speedup"])
+
+
+def test_kernel_speedup_compares_within_one_backend_and_timing(tmp_path: Path) -> None:
+    """A GPU table has a row per backend and timing: each fused time is divided into the per-branch time of its own
+    backend and timing, never another's; weaver-step rows (another op) are left out."""
+    head = "layout,n,device,backend,dtype,timing,per_branch_us,fused_us,speedup\n"
+    rows = [
+        "big,128,cuda,triton,bfloat16,graph,400.0,50.0,8.0",
+        "big,128,cuda,triton,bfloat16,eager,500.0,100.0,5.0",
+        "big,128,cuda,cuda,bfloat16,graph,410.0,41.0,10.0",
+        "weaver-step,128,cuda,triton,bfloat16,graph,90.0,30.0,3.0",
+    ]
+    (tmp_path / "k.csv").write_text(head + "\n".join(rows) + "\n")
+    table = kernel_table(tmp_path / "k.csv")
+    fused = table[table["impl"] == "fused"].set_index(["backend", "timing"])["speedup"]
+    assert fused.to_dict() == {("cuda", "graph"): 10.0, ("triton", "eager"): 5.0, ("triton", "graph"): 8.0}
+    assert set(table["layout"]) == {"big"}
+    assert (table[table["impl"] == "per_branch"]["speedup"] == 1.0).all()
+
+
+def test_kernel_table_without_timing_column_is_refused(tmp_path: Path) -> None:
+    (tmp_path / "k.csv").write_text("layout,n,device,backend,dtype,per_branch_us,fused_us\nx,16,cpu,ref,float32,2,1\n")
+    with pytest.raises(ValueError, match="timing"):
+        kernel_table(tmp_path / "k.csv")

@@ -3,6 +3,8 @@ commit(path) then continuing == having decoded the path sequentially (logits, GD
 
 from __future__ import annotations
 
+import copy
+
 import pytest
 import torch
 
@@ -91,6 +93,28 @@ def test_commit_then_continue_equals_sequential_decode(family, leaf, tiny_pair):
         for ours, ref in zip(_states(cache), _states(seq), strict=True):
             torch.testing.assert_close(ours, ref, rtol=1e-4, atol=1e-5)
         assert rel_err(model(nxt, cache=cache).logits, model(nxt, cache=seq).logits) < TOL
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device (kernels/gpu_check.sh runs this on a GPU)")
+@pytest.mark.parametrize("family", ("qwen3_next", "qwen3_5_text", "llama"))
+def test_verify_and_commit_on_cuda_match_the_cpu_run(family, tiny_pair):
+    """On CUDA the GDN layers verify and commit through the dispatched fast kernels (Triton, or the CUDA extension
+    where built); logits, committed states and the next step's logits equal the CPU run's (PyTorch references)."""
+    _, model = tiny_pair(family)
+    prompt = torch.randint(0, 97, (1, PROMPT_LEN))
+    tree = random_tree(13, torch.Generator().manual_seed(3))
+    path = tree.path_to(8)
+    runs = []
+    with torch.no_grad():
+        for m, device in ((model, "cpu"), (copy.deepcopy(model).cuda(), "cuda")):
+            cache = prefilled(m, prompt.to(device))
+            logits = m.verify(tree, cache).logits
+            m.commit(cache, path)
+            nxt = m(torch.tensor([[3, 4, 50]], device=device), cache=cache).logits
+            runs.append([logits, *_states(cache), nxt])
+    assert all(x.is_cuda for x in runs[1])
+    for ours, ref in zip(runs[1], runs[0], strict=True):
+        assert rel_err(ours.cpu(), ref) < TOL
 
 
 def test_repeated_verify_commit_steps_follow_the_sequence(tiny_pair):

@@ -28,7 +28,7 @@ import pandas as pd
 
 CELL = ["model", "dataset", "method", "budget", "temperature"]
 BASELINE = ["host", "model", "dataset", "temperature"]  # what an AR baseline must share with a method cell
-KERNEL_COLUMNS = ("layout", "n", "device", "backend", "dtype", "per_branch_us", "fused_us")
+KERNEL_COLUMNS = ("layout", "n", "device", "backend", "dtype", "timing", "per_branch_us", "fused_us")
 
 
 def load_requests(meta_paths: Sequence[Path]) -> pd.DataFrame:
@@ -145,15 +145,16 @@ def depth_acceptance(requests: pd.DataFrame) -> pd.DataFrame:
 
 
 def kernel_table(path: Path) -> pd.DataFrame:
-    """The GDN kernel bench (`python -m weaver_kernels.bench` kernel_table.csv: one row per layout and N with
-    per_branch_us and fused_us) in long form (n, impl, time_us), with each implementation's speedup over per_branch at
-    the same layout and size. The weaver-step rows time another op (reference vs dispatched) and are left out."""
+    """The GDN kernel bench (`python -m weaver_kernels.bench` kernel_table.csv: one row per layout, N, backend and
+    timing with per_branch_us and fused_us) in long form (n, impl, time_us), with each implementation's speedup over
+    per_branch at the same layout, size, backend and timing. The weaver-step rows time another op (reference vs
+    dispatched) and are left out."""
     wide = pd.read_csv(path)
     missing = [c for c in KERNEL_COLUMNS if c not in wide.columns]
     if missing:
         raise ValueError(f"{path} lacks columns {missing}: the kernel bench CSV needs {list(KERNEL_COLUMNS)}")
     wide = wide[~wide["layout"].str.startswith("weaver-step")]
-    keys = ["layout", "n", "device", "backend", "dtype"]
+    keys = ["layout", "n", "device", "backend", "dtype", "timing"]
     table = wide.melt(id_vars=keys, value_vars=["per_branch_us", "fused_us"], var_name="impl", value_name="time_us")
     table["impl"] = table["impl"].str.removesuffix("_us")
     base = table[table["impl"] == "per_branch"][[*keys, "time_us"]].rename(columns={"time_us": "per_branch_us"})

@@ -3,8 +3,11 @@
     python -m weaver_kernels.bench [--device cpu|cuda] [--n 16 32 64 128] [--out DIR]
 
 On CPU both sides run their PyTorch paths (report the ratio); on CUDA they run the Triton kernels (and the CUDA C++
-extension for the fused solve when it is built). Batch 1; trees are random topological trees of N nodes (node 0 = the
-first new token). Paper (B200, bf16, Qwen3.6-27B layout): N=128: 408.3 vs 57.3 us (7.1x), METHOD.md section 7.
+extension for the fused solve with `--backend cuda`, once `python -m weaver_kernels.build` has built it). CUDA timings:
+`graph` replays one call captured in a CUDA graph (GPU time, as a serving engine runs verify under CUDA graphs);
+`eager` times one Python call between CUDA events (launch overhead included). Batch 1; trees are random topological
+trees of N nodes (node 0 = the first new token). Paper (B200, bf16, Qwen3.6-27B layout): N=128: 408.3 vs 57.3 us
+(7.1x), METHOD.md section 7.
 
 Layout `weaver-step` times one batched Weaver step (METHOD.md section 3: indexed attention of w = ceil(N / 16) nodes
 per layer plus the pool scoring) at the paper's adapter width; its per_branch_us column is the PyTorch reference and
@@ -18,6 +21,7 @@ import csv
 import json
 import platform
 import statistics
+import sys
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
@@ -46,6 +50,7 @@ class Row:
     device: str
     backend: str
     dtype: str
+    timing: str
     per_branch_us: float
     fused_us: float
     speedup: float
@@ -81,26 +86,50 @@ def make_step_inputs(n: int, device: torch.device, dtype: torch.dtype, seed: int
     return attention, (query.to(device, dtype), table.to(device, dtype), ids.to(device), logits.to(device))
 
 
-def time_us(fn: Callable[[], object], device: torch.device, repeats: int) -> float:
-    """Median wall time of fn in microseconds (after one warm-up call; CUDA timed with events)."""
+TIMINGS = {"cpu": ("wall",), "cuda": ("graph", "eager")}
+
+
+def time_us(fn: Callable[[], object], device: torch.device, repeats: int, timing: str = "wall") -> float:
+    """Median time of one call of fn in microseconds, after one warm-up call (which also compiles Triton kernels).
+
+    timing: "wall" (CPU, perf_counter), "eager" (CUDA events around a Python call) or "graph" (CUDA events around the
+    replay of one call captured in a CUDA graph).
+    """
+    if timing not in TIMINGS[device.type]:
+        raise ValueError(f"timing {timing!r} is not available on {device.type}; choose from {TIMINGS[device.type]}")
     fn()
-    samples = []
-    for _ in range(repeats):
-        if device.type == "cuda":
-            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            start.record()
-            fn()
-            end.record()
-            torch.cuda.synchronize()
-            samples.append(start.elapsed_time(end) * 1e3)
-        else:
+    if timing == "wall":
+        samples = []
+        for _ in range(repeats):
             t0 = time.perf_counter()
             fn()
             samples.append((time.perf_counter() - t0) * 1e6)
+        return statistics.median(samples)
+    run = fn
+    if timing == "graph":
+        torch.cuda.synchronize()
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            fn()
+        run = graph.replay
+    samples = []
+    for _ in range(repeats):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        run()
+        end.record()
+        torch.cuda.synchronize()
+        samples.append(start.elapsed_time(end) * 1e3)
     return statistics.median(samples)
 
 
-def measure_step(n: int, device: torch.device, dtype: torch.dtype, backend: str, repeats: int) -> Row:
+def resolved_backend(layout: str, device: torch.device, backend: str) -> str:
+    """The implementation the timed fast path of `layout` runs under `backend` ("ref", "triton" or "cuda")."""
+    with wk.use_backend(backend):
+        return wk.resolve("weaver_step_attention" if layout in WEAVER_STEP else "gdn_tree_verify", device)
+
+
+def measure_step(n: int, device: torch.device, dtype: torch.dtype, backend: str, repeats: int, timing: str) -> Row:
     """One Weaver step (attention of one layer + pool scoring): the reference vs the dispatched path."""
     attention, scores = make_step_inputs(n, device, dtype, seed=n)
 
@@ -109,24 +138,27 @@ def measure_step(n: int, device: torch.device, dtype: torch.dtype, backend: str,
         wk.weaver_step_scores(*scores)
 
     with wk.use_backend("ref"):
-        ref = time_us(step, device, repeats)
+        ref = time_us(step, device, repeats, timing)
     with wk.use_backend(backend):
-        fast = time_us(step, device, repeats)
-        used = wk.resolve("weaver_step_attention", device)
-    dt = str(dtype).removeprefix("torch.")
-    return Row("weaver-step", n, device.type, used, dt, round(ref, 1), round(fast, 1), round(ref / fast, 2))
+        fast = time_us(step, device, repeats, timing)
+    used, dt = resolved_backend("weaver-step", device, backend), str(dtype).removeprefix("torch.")
+    return Row("weaver-step", n, device.type, used, dt, timing, round(ref, 1), round(fast, 1), round(ref / fast, 2))
 
 
-def measure(layout: str, n: int, device: torch.device, dtype: torch.dtype, backend: str, repeats: int) -> Row:
+def measure(
+    layout: str, n: int, device: torch.device, dtype: torch.dtype, backend: str, repeats: int, timing: str = "wall"
+) -> Row:
+    """One cell of the table: per-branch recurrent vs fused masked solve (or the Weaver step) under one backend."""
     if layout in WEAVER_STEP:
-        return measure_step(n, device, dtype, backend, repeats)
+        return measure_step(n, device, dtype, backend, repeats, timing)
     args = make_inputs(layout, n, device, dtype, seed=n)
     with wk.use_backend(backend):
-        per_branch = time_us(lambda: wk.gdn_tree_verify_per_branch(*args), device, repeats)
-        fused = time_us(lambda: wk.gdn_tree_verify(*args), device, repeats)
-        used = wk.resolve("gdn_tree_verify", device)
-    dt = str(dtype).removeprefix("torch.")
-    return Row(layout, n, device.type, used, dt, round(per_branch, 1), round(fused, 1), round(per_branch / fused, 2))
+        per_branch = time_us(lambda: wk.gdn_tree_verify_per_branch(*args), device, repeats, timing)
+        fused = time_us(lambda: wk.gdn_tree_verify(*args), device, repeats, timing)
+    used, dt = resolved_backend(layout, device, backend), str(dtype).removeprefix("torch.")
+    return Row(
+        layout, n, device.type, used, dt, timing, round(per_branch, 1), round(fused, 1), round(per_branch / fused, 2)
+    )
 
 
 def write(rows: list[Row], out: Path) -> None:
@@ -145,7 +177,7 @@ def write(rows: list[Row], out: Path) -> None:
     tmp.replace(out / "kernel_table.csv")
 
 
-def main(argv: list[str] | None = None) -> None:
+def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu", help="cpu or cuda")
     parser.add_argument(
@@ -158,7 +190,20 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--n", nargs="+", type=int, default=[16, 32, 64, 128], help="verify widths N (tree nodes)")
     parser.add_argument("--dtype", default=None, help="float32 or bfloat16 (default: bf16 on cuda, fp32 on cpu)")
     parser.add_argument(
-        "--backend", default="auto", choices=["auto", "ref", "triton", "cuda"], help="force a kernel backend"
+        "--backend",
+        nargs="+",
+        default=["auto"],
+        choices=["auto", "ref", "triton", "cuda"],
+        help="kernel backends to time (one row each; a backend that resolves to an implementation already timed for the"
+        " cell is skipped). cuda needs the extension built by python -m weaver_kernels.build",
+    )
+    parser.add_argument(
+        "--timing",
+        nargs="+",
+        default=None,
+        choices=["wall", "graph", "eager"],
+        help="how to time: wall on cpu; graph (CUDA-graph replay) and/or eager (CUDA events) on cuda (default: all of"
+        " the device's)",
     )
     parser.add_argument("--repeats", type=int, default=None, help="timed calls per cell (default 5 cpu, 50 cuda)")
     parser.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: leave as is)")
@@ -167,20 +212,39 @@ def main(argv: list[str] | None = None) -> None:
     device = torch.device(args.device)
     if args.threads:
         torch.set_num_threads(args.threads)
+    timings = args.timing or list(TIMINGS[device.type])
+    wrong = [t for t in timings if t not in TIMINGS[device.type]]
+    if wrong:
+        parser.error(
+            f"--timing {' '.join(wrong)} is not available on {device.type}: use {' '.join(TIMINGS[device.type])}"
+        )
     dtype = getattr(torch, args.dtype or ("bfloat16" if device.type == "cuda" else "float32"))
     repeats = args.repeats or (50 if device.type == "cuda" else 5)
-    print(f"{'layout':<16}{'N':>5}  {'backend':<8}{'per-branch us':>15}{'fused us':>12}{'speedup':>9}")
-    rows = []
+    print(f"{'layout':<16}{'N':>5}  {'backend':<8}{'timing':<7}{'per-branch us':>15}{'fused us':>12}{'speedup':>9}")
+    rows, failed = [], []
     for layout in args.layouts:
         for n in args.n:
-            row = measure(layout, n, device, dtype, args.backend, repeats)
-            rows.append(row)
-            times = f"{row.per_branch_us:>15.1f}{row.fused_us:>12.1f}{row.speedup:>8.2f}x"
-            print(f"{layout:<16}{n:>5}  {row.backend:<8}{times}")
-    if args.out is not None:
+            for backend in dict.fromkeys(resolved_backend(layout, device, b) for b in args.backend):
+                for timing in timings:
+                    try:
+                        row = measure(layout, n, device, dtype, backend, repeats, timing)
+                    except (RuntimeError, ValueError) as error:
+                        # one broken cell (e.g. a path that cannot be captured in a CUDA graph) must not cost the rest
+                        # of a GPU session's table; it is named here and in the exit status
+                        failed.append(f"{layout} N={n} {backend} {timing}: {type(error).__name__}: {error}")
+                        print(f"{layout:<16}{n:>5}  {backend:<8}{timing:<7}FAILED: {error}", flush=True)
+                        continue
+                    rows.append(row)
+                    times = f"{row.per_branch_us:>15.1f}{row.fused_us:>12.1f}{row.speedup:>8.2f}x"
+                    print(f"{layout:<16}{n:>5}  {row.backend:<8}{timing:<7}{times}", flush=True)
+    if args.out is not None and rows:
         write(rows, args.out)
         print(f"wrote {args.out / 'kernel_table.csv'} and kernel_table.json")
+    if failed:
+        print(f"{len(failed)} cell(s) failed:\n  " + "\n  ".join(failed), file=sys.stderr)
+        return 1
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())
