@@ -23,8 +23,9 @@ def unavailable_reason() -> str | None:
     return None
 
 
+@functools.cache
 def load(verbose: bool = False):
-    """Compile (first time; cached in BUILD_DIR) and import the extension module."""
+    """Compile (first time; cached in BUILD_DIR) and import the extension module (once per process)."""
     from torch.utils.cpp_extension import load as load_extension
 
     BUILD_DIR.mkdir(exist_ok=True)
@@ -48,7 +49,9 @@ def available() -> bool:
 
 def gdn_tree_verify_cuda(q, k, v, g, beta, parents, initial_state) -> torch.Tensor:
     """CUDA twin of gdn_tree_verify_triton: q, k [B, N, H, K], v [B, N, HV, V], g, beta [B, N, HV], parents [B, N],
-    initial_state [B, HV, K, V] (all one dtype) -> o [B, N, HV, V]."""
+    initial_state [B, HV, K, V] (all one dtype) -> o [B, N, HV, V]. Launched on torch's current stream of v's device
+    (so it can be captured in a CUDA graph)."""
     dtype = v.dtype
     args = [x.to(dtype) for x in (q, k, v, g, beta)] + [parents.long(), initial_state.to(dtype)]
-    return load().gdn_tree_verify(*args)
+    with torch.cuda.device(v.device):
+        return load().gdn_tree_verify(*args, torch.cuda.current_stream().cuda_stream)

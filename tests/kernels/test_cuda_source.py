@@ -38,16 +38,70 @@ def test_build_reports_skip_reason(capsys):
     assert "SKIPPED" in out and reason in out
 
 
-@pytest.mark.skipif(not cuda_ext.available(), reason="CUDA extension not built (python -m weaver_kernels.build)")
-def test_cuda_verify_matches_ref():
+needs_extension = pytest.mark.skipif(
+    not cuda_ext.available(), reason="CUDA extension not built (python -m weaver_kernels.build)"
+)
+
+
+@needs_extension
+@pytest.mark.parametrize(
+    ("h", "hv", "dk", "dv"),
+    [(2, 2, 32, 32), (2, 6, 32, 32), (1, 3, 128, 128), (2, 2, 64, 160), (1, 1, 200, 16)],
+    ids=["k32", "gqa3", "k128", "v160-two-column-blocks", "k200"],
+)
+def test_cuda_verify_matches_ref(h, hv, dk, dv):
+    """Every register tile (K <= 32 / 64 / 128 / 256), GQA, value dims split over column blocks, trees of 1 to 129
+    nodes, one sequence and a batch of two different trees."""
     import weaver_kernels as wk
     from kernel_inputs import assert_close, gdn_inputs, make_parents
 
     gen = torch.Generator().manual_seed(0)
-    for shape, n, rep in [("random", 129, 3), ("chain", 17, 1), ("star", 1, 3)]:
+    for shape, n in [("random", 129), ("chain", 17), ("star", 1), ("binary", 63)]:
         parents = make_parents(shape, n, gen)
-        x = gdn_inputs(parents.numel(), 2, 2 * rep, 32, 32, torch.float32, gen)
+        x = gdn_inputs(parents.numel(), h, hv, dk, dv, torch.float32, gen)
         args = (x["q"], x["k"], x["v"], x["g"], x["beta"], parents, x["initial_state"])
         with wk.use_backend("cuda"):
             fast = wk.gdn_tree_verify(*(a.cuda() for a in args))
         assert_close(fast.cpu(), wk.gdn_tree_verify_ref(*args), 1e-4, f"cuda verify {shape}")
+    trees = [make_parents("random", 40, gen), make_parents("binary", 40, gen)]
+    xs = [gdn_inputs(40, h, hv, dk, dv, torch.float32, gen) for _ in trees]
+    names = ("q", "k", "v", "g", "beta")
+    batch = [torch.stack([x[name] for x in xs]) for name in names]
+    batch += [torch.stack(trees), torch.stack([x["initial_state"] for x in xs])]
+    with wk.use_backend("cuda"):
+        fast = wk.gdn_tree_verify(*(a.cuda() for a in batch)).cpu()
+    for b, (x, parents) in enumerate(zip(xs, trees, strict=True)):
+        ref = wk.gdn_tree_verify_ref(*(x[name] for name in names), parents, x["initial_state"])
+        assert_close(fast[b], ref, 1e-4, f"cuda verify batch row {b}")
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device: CUDA graphs need one")
+@pytest.mark.parametrize("backend", [pytest.param("cuda", marks=needs_extension), "triton"])
+def test_verify_replays_in_a_cuda_graph(backend):
+    """The fast paths launch on torch's current stream: captured in a CUDA graph, a replay on new inputs (copied into
+    the captured tensors) gives the reference's output for those inputs (a launch on another stream would leave the
+    graph empty and the output stale)."""
+    import weaver_kernels as wk
+    from kernel_inputs import assert_close, gdn_inputs, make_parents
+
+    gen = torch.Generator().manual_seed(1)
+    parents = make_parents("random", 33, gen).cuda()
+    first, second = (gdn_inputs(33, 2, 4, 64, 64, torch.float32, gen) for _ in range(2))
+    names = ("q", "k", "v", "g", "beta")
+    static = {name: first[name].cuda() for name in (*names, "initial_state")}
+
+    def verify():
+        return wk.gdn_tree_verify(*(static[name] for name in names), parents, static["initial_state"])
+
+    with wk.use_backend(backend):
+        verify()
+        torch.cuda.synchronize()
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            out = verify()
+    for name, x in static.items():
+        x.copy_(second[name])
+    graph.replay()
+    torch.cuda.synchronize()
+    ref = wk.gdn_tree_verify_ref(*(second[name] for name in names), parents.cpu(), second["initial_state"])
+    assert_close(out.cpu(), ref, 1e-4, f"{backend} verify replayed from a CUDA graph")
