@@ -8,7 +8,7 @@
 //      shuffle reduction): A_ij = beta_i e^(G_i - G_j) k_i.k_j for proper ancestors j, QK_ij = e^(G_i - G_j) q_i.k_j
 //      for ancestors-or-self (ratios e^(G_i - G_j) <= 1); written to a per-head [N, N] scratch, no recurrent state;
 //   3. block forward substitution in topological order, thread t owning value column t and its column of S0 in
-//      registers, k_i and q_i staged in shared memory:
+//      registers, k_i and q_i staged in shared memory (the next node's loaded during the current one's solve):
 //        u_i = beta_i (v_i - e^G_i k_i.S0) - sum_(j proper ancestor) A_ij u_j
 //        o_i = e^G_i q_i.S0 + sum_(j ancestor-or-self) QK_ij u_j
 //      Each thread reads back only its own column of U.
@@ -22,12 +22,12 @@ constexpr int kThreads = 256;  // phases 1-2 use them all; phase 3 the first kCo
 constexpr int kColumns = 128;  // value columns per block (grid.y splits V)
 
 template <typename scalar_t, int KT>
-__global__ void __launch_bounds__(kThreads) gdn_tree_verify_kernel(const scalar_t* __restrict__ q, const scalar_t* __restrict__ k,
-                                       const scalar_t* __restrict__ v, const scalar_t* __restrict__ g,
-                                       const scalar_t* __restrict__ beta, const int64_t* __restrict__ parents,
-                                       const scalar_t* __restrict__ h0, float* __restrict__ akk,
-                                       float* __restrict__ aqk, float* __restrict__ u, scalar_t* __restrict__ o, int N,
-                                       int H, int HV, int K, int V) {
+__global__ void __launch_bounds__(kThreads)
+    gdn_tree_verify_kernel(const scalar_t* __restrict__ q, const scalar_t* __restrict__ k,
+                           const scalar_t* __restrict__ v, const scalar_t* __restrict__ g,
+                           const scalar_t* __restrict__ beta, const int64_t* __restrict__ parents,
+                           const scalar_t* __restrict__ h0, float* __restrict__ akk, float* __restrict__ aqk,
+                           float* __restrict__ u, scalar_t* __restrict__ o, int N, int H, int HV, int K, int V) {
   __shared__ int par[kMaxNodes];
   __shared__ float G[kMaxNodes];
   __shared__ float ks[KT], qs[KT];
@@ -74,18 +74,29 @@ __global__ void __launch_bounds__(kThreads) gdn_tree_verify_kernel(const scalar_
   }
   __syncthreads();
 
-  // phase 3: forward substitution along the topological order, one value column per thread
+  // phase 3: forward substitution along the topological order, one value column per thread; node i + 1's k, q, v and
+  // beta are loaded while node i is solved, and the ancestor chain is read four links at a time (independent loads)
   const bool owner = t < kColumns && c < V;
   float s0[KT];
 #pragma unroll
   for (int d = 0; d < KT; ++d) s0[d] = owner && d < K ? static_cast<float>(h0[(head * K + d) * V + c]) : 0.f;
+  float k_next = 0.f, q_next = 0.f, v_next = 0.f, b_next = 0.f;
+  auto prefetch = [&](int i) {
+    const int64_t row = ((int64_t)b * N + i) * H + h, x = ((int64_t)b * N + i) * HV + hv;
+    k_next = t < K ? static_cast<float>(k[row * K + t]) : 0.f;  // t < kThreads = max KT
+    q_next = t < K ? static_cast<float>(q[row * K + t]) : 0.f;
+    v_next = owner ? static_cast<float>(v[x * V + c]) : 0.f;
+    b_next = owner ? static_cast<float>(beta[x]) : 0.f;
+  };
+  prefetch(0);
   for (int i = 0; i < N; ++i) {
-    const int64_t row = ((int64_t)b * N + i) * H + h;
-    for (int d = t; d < KT; d += blockDim.x) {
-      ks[d] = d < K ? static_cast<float>(k[row * K + d]) : 0.f;
-      qs[d] = d < K ? static_cast<float>(q[row * K + d]) : 0.f;
+    if (t < KT) {
+      ks[t] = k_next;
+      qs[t] = q_next;
     }
+    const float vi = v_next, bi = b_next;
     __syncthreads();
+    if (i + 1 < N) prefetch(i + 1);
     if (owner) {
       float ks0 = 0.f, qs0 = 0.f;
 #pragma unroll
@@ -93,17 +104,32 @@ __global__ void __launch_bounds__(kThreads) gdn_tree_verify_kernel(const scalar_
         ks0 += ks[d] * s0[d];
         qs0 += qs[d] * s0[d];
       }
-      const int64_t x = ((int64_t)b * N + i) * HV + hv;
       const float eG = expf(G[i]);
-      float ui = static_cast<float>(beta[x]) * (static_cast<float>(v[x * V + c]) - eG * ks0);
-      float oi = eG * qs0;
-      for (int j = par[i]; j >= 0; j = par[j]) {
-        const float uj = ub[(int64_t)j * V + c];
-        ui -= A[(int64_t)i * N + j] * uj;
-        oi += QK[(int64_t)i * N + j] * uj;
+      const float* Ai = A + (int64_t)i * N;
+      const float* QKi = QK + (int64_t)i * N;
+      float ui = bi * (vi - eG * ks0), oi = eG * qs0;
+      for (int j0 = par[i]; j0 >= 0;) {
+        const int j1 = par[j0];
+        const int j2 = j1 >= 0 ? par[j1] : -1;
+        const int j3 = j2 >= 0 ? par[j2] : -1;
+        const int js[4] = {j0, j1, j2, j3};
+        float a[4], qk[4], uj[4];
+#pragma unroll
+        for (int m = 0; m < 4; ++m) {
+          const bool live = js[m] >= 0;
+          a[m] = live ? Ai[js[m]] : 0.f;
+          qk[m] = live ? QKi[js[m]] : 0.f;
+          uj[m] = live ? ub[(int64_t)js[m] * V + c] : 0.f;
+        }
+#pragma unroll
+        for (int m = 0; m < 4; ++m) {
+          ui -= a[m] * uj[m];
+          oi += qk[m] * uj[m];
+        }
+        j0 = j3 >= 0 ? par[j3] : -1;
       }
       ub[(int64_t)i * V + c] = ui;
-      o[x * V + c] = static_cast<scalar_t>(oi + QK[(int64_t)i * N + i] * ui);
+      o[((int64_t)b * N + i) * HV * V + (int64_t)hv * V + c] = static_cast<scalar_t>(oi + QKi[i] * ui);
     }
     __syncthreads();  // ks / qs are overwritten by the next node
   }
