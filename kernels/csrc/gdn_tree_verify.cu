@@ -7,8 +7,9 @@
 //   2. the masked Gram entries along ancestor chains only, one warp per node, K split over the lanes (coalesced loads,
 //      shuffle reduction): A_ij = beta_i e^(G_i - G_j) k_i.k_j for proper ancestors j, QK_ij = e^(G_i - G_j) q_i.k_j
 //      for ancestors-or-self (ratios e^(G_i - G_j) <= 1); written to a per-head [N, N] scratch, no recurrent state;
-//   3. block forward substitution in topological order, thread t owning value column t and its column of S0 in
-//      registers, k_i and q_i staged in shared memory (the next node's loaded during the current one's solve):
+//   3. block forward substitution in topological order, thread t < 128 owning value column 128 * blockIdx.y + t and
+//      that column of S0 in registers, k_i and q_i staged in shared memory (the next node's loaded during the current
+//      one's solve):
 //        u_i = beta_i (v_i - e^G_i k_i.S0) - sum_(j proper ancestor) A_ij u_j
 //        o_i = e^G_i q_i.S0 + sum_(j ancestor-or-self) QK_ij u_j
 //      Each thread reads back only its own column of U.

@@ -1,9 +1,10 @@
 """One dispatch point: every public op runs its Triton / CUDA fast path or its PyTorch reference.
 
 Choice, first match wins: `use_backend(...)` (a context manager tests use to force a path), the environment variable
-WEAVER_KERNELS=auto|ref|triton|cuda, then auto: CUDA tensors use the CUDA extension where one is built for the op, else
-Triton; CPU tensors use the reference. Forcing triton on CPU tensors needs the interpreter (TRITON_INTERPRET=1, set
-before triton is imported); forcing cuda uses the extension for ops that have one and Triton for the rest.
+WEAVER_KERNELS=auto|ref|triton|cuda, then auto: CUDA tensors use Triton (on an H200 the Triton fused verify is 5.6x
+faster than the scalar CUDA C++ twin at N = 128, results/kernels/NVIDIA_H200); CPU tensors use the reference.
+Forcing triton on CPU tensors needs the interpreter (TRITON_INTERPRET=1, set before triton is imported); forcing cuda
+uses the extension for ops that have one (built by `python -m weaver_kernels.build`) and Triton for the rest.
 """
 
 from __future__ import annotations
@@ -82,19 +83,11 @@ def _load(path: str) -> Callable:
     return getattr(importlib.import_module(module), name)
 
 
-def _cuda_built() -> bool:
-    from weaver_kernels import cuda_ext
-
-    return cuda_ext.available()
-
-
 def resolve(op: str, device: torch.device) -> str:
     """Which implementation `op` runs for tensors on `device`: "ref", "triton" or "cuda"."""
     impls, choice = IMPLS[op], requested_backend()
     if choice == "auto":
-        if device.type != "cuda":
-            return "ref"
-        return "cuda" if "cuda" in impls and _cuda_built() else "triton"
+        return "triton" if device.type == "cuda" else "ref"
     if choice == "cuda":
         if device.type != "cuda":
             raise RuntimeError(f"{op}: backend 'cuda' needs CUDA tensors, got {device}")

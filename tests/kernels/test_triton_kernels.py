@@ -50,6 +50,18 @@ def test_fused_verify_matches_ref(shape, n, rep, device):
     assert_close(fast.cpu(), ref, TOL, "tree verify")
 
 
+@pytest.mark.parametrize("dk,dv", [(8, 16), (4, 40)], ids=["k8", "k4-v40"])
+def test_fused_verify_pads_small_head_dims(dk, dv, device):
+    """Key dims below 16 (tl.dot's smallest inner dim on GPUs; tiny Qwen3.5 configs use 8) run padded with masked
+    loads; odd value dims are masked too."""
+    gen = torch.Generator().manual_seed(2)
+    parents = make_parents("random", 37, gen)
+    x = gdn_inputs(37, 2, 4, dk, dv, torch.float32, gen)
+    args = [x["q"], x["k"], x["v"], x["g"], x["beta"], parents, x["initial_state"]]
+    fast, ref = both("gdn_tree_verify", *(a.to(device) for a in args))
+    assert_close(fast.cpu(), ref, TOL, f"tree verify K={dk} V={dv}")
+
+
 def test_fused_verify_chain_is_sequential_rule(device):
     x, parents = inputs("chain", 40, 3, device)
     with wk.use_backend("triton"):

@@ -177,7 +177,8 @@ def gdn_tree_verify_triton(
     HV, V = v.shape[2], v.shape[3]
     q, k, v, beta, h0 = (x.contiguous() for x in (q, k, v, beta, initial_state))
     mask, G = tree_scalars(parents, g)
-    BT, BK, BV = 32, min(64, triton.next_power_of_2(K)), min(64, triton.next_power_of_2(V))
+    # tl.dot needs an inner dim >= 16 on GPUs: key dims below 16 are padded (masked loads)
+    BT, BK, BV = 32, max(16, min(64, triton.next_power_of_2(K))), min(64, triton.next_power_of_2(V))
     Aw = torch.empty(B, HV, N, N, dtype=torch.float32, device=k.device)
     Qw = torch.empty_like(Aw)
     Uw = torch.empty(B, HV, N, V, dtype=torch.float32, device=k.device)
