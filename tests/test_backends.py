@@ -496,3 +496,29 @@ def test_the_pinned_sglang_builds_agree_everywhere() -> None:
     assert f"git checkout {sglang.FORK_COMMIT}" in environment and f"git clone {sglang.FORK_REPO}" in environment
     assert f"git checkout {sglang.FORK_DDTREE_COMMIT}" in environment
     assert f"sglang[all]=={sglang.UPSTREAM_VERSION}" in environment
+
+
+def test_engine_device_is_checked_before_loading() -> None:
+    """A device torch cannot name, another device type, or CUDA on a machine without it: refused with the fix."""
+    import torch
+
+    with pytest.raises(ValueError, match="not a torch device"):
+        EngineConfig("tiny", device="gpu0").check()
+    with pytest.raises(ValueError, match="runs on cpu or cuda"):
+        EngineConfig("tiny", device="meta").check()
+    if not torch.cuda.is_available():
+        with pytest.raises(ValueError, match="sees no CUDA device here: use device cpu"):
+            EngineConfig("tiny", device="cuda").check()
+    else:
+        with pytest.raises(ValueError, match="CUDA device"):
+            EngineConfig("tiny", device=f"cuda:{torch.cuda.device_count()}").check()
+    EngineConfig("tiny", device="cpu").check()
+
+
+def test_cli_device_is_checked_before_the_model_load() -> None:
+    """`python -m weaver.generate --device ...` refuses a bad device before loading anything (the model name here
+    does not exist: reaching the load would raise another error)."""
+    from weaver.generate import main
+
+    with pytest.raises(ValueError, match="not a torch device"):
+        main(["--model", "no-such-model", "--prompt", "hi", "--device", "gpu0"])

@@ -221,6 +221,8 @@ def test_corrupt_middle_line_is_an_error(tmp_path: Path) -> None:
         (["--method", "ar", "--budget", "0", "--n-prompts", "0"], "--n-prompts"),
         (["--method", "ar", "--budget", "0", "--backend", "sglang", "--port", "70000"], "--port must be"),
         (["--method", "ar", "--budget", "0", "--warmup-tokens", "-1"], "--warmup-tokens"),
+        (["--method", "ar", "--budget", "0", "--device", "gpu0"], "not a torch device"),
+        (["--method", "ar", "--budget", "0", "--backend", "sglang", "--device", "cuda"], "a server picks its own"),
     ],
     ids=[
         "ar-budget",
@@ -235,6 +237,8 @@ def test_corrupt_middle_line_is_an_error(tmp_path: Path) -> None:
         "no-prompts",
         "bad-port",
         "negative-warmup",
+        "bad-device",
+        "device-for-a-server",
     ],
 )
 def test_bad_cells_are_refused(tmp_path: Path, argv: list[str], message: str) -> None:
@@ -258,3 +262,11 @@ def test_model_name_defaults_to_folder_name() -> None:
         ]
     )
     assert cell.model_name == "smollm2-hybrid"
+
+
+def test_device_is_part_of_an_engine_cell_only(tmp_path: Path) -> None:
+    """Records of an engine cell carry its device (a CPU record is not resumed as a GPU one); a server cell's carry
+    None (the server runs where it was launched)."""
+    assert make_cell(tmp_path).key()["device"] == "cpu"
+    assert make_cell(tmp_path, device="cuda:1").key()["device"] == "cuda:1"
+    assert make_cell(tmp_path, backend="server", server_url="http://x").key()["device"] is None

@@ -65,6 +65,33 @@ def test_greedy_speculation_equals_plain_decoding(targets, family) -> None:
             assert len(out.stats.accept_lengths) == out.stats.steps - 1
 
 
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device (kernels/gpu_check.sh runs this on a GPU)")
+@pytest.mark.parametrize("family", ["llama", "qwen3_next"])
+def test_greedy_speculation_on_cuda_equals_plain_decoding(family) -> None:
+    """Target, drafter and adapter on CUDA (GDN tree verify through the Triton kernels, Weaver steps through the
+    Triton step kernels): every method's greedy output equals plain decoding on CUDA, which equals the CPU run's, and
+    the Engine moves its checkpoints to the device it is given."""
+    from weaver.backends.engine import Engine, EngineConfig
+
+    hf = tiny_hf_model(family)  # fresh twins: a used model holds packed CPU weights that cannot be deep-copied
+    cpu_model, model = from_hf_model(hf), from_hf_model(hf).cuda()
+    drafter, adapter = tiny_drafter(cpu_model).cuda(), tiny_adapter(cpu_model).cuda()
+    prompt = _prompt()
+    reference = generate(model, prompt, max_new_tokens=NEW).output_ids
+    assert reference == generate(cpu_model, prompt, max_new_tokens=NEW).output_ids
+    for method in ("prompt_lookup", "oracle", "random", "chain", "ddtree", "weaver", "weaver_chain"):
+        for budget in (4, 16):
+            out = generate(
+                model, prompt, source=_source(method, model, drafter, adapter), budget=budget, max_new_tokens=NEW
+            )
+            assert out.output_ids == reference, (
+                f"{family}/{method}/budget {budget} on CUDA diverged from greedy decoding"
+            )
+    engine = Engine(EngineConfig("tiny", "oracle", 4, device="cuda"), from_hf_model(hf))
+    assert engine.model.embed_tokens.weight.is_cuda
+    assert engine.generate(prompt, max_new_tokens=NEW).output_ids == reference
+
+
 @pytest.mark.parametrize("family", ["llama", "qwen3_next"])
 def test_speculation_at_the_end_of_the_context_equals_plain_decoding(targets, family) -> None:
     """A prompt that ends near the context limit: trees are cut to the positions left (a chain of 15 drafts would

@@ -98,8 +98,8 @@ def test_commit_then_continue_equals_sequential_decode(family, leaf, tiny_pair):
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device (kernels/gpu_check.sh runs this on a GPU)")
 @pytest.mark.parametrize("family", ("qwen3_next", "qwen3_5_text", "llama"))
 def test_verify_and_commit_on_cuda_match_the_cpu_run(family, tiny_pair):
-    """On CUDA the GDN layers verify and commit through the dispatched fast kernels (Triton, or the CUDA extension
-    where built); logits, committed states and the next step's logits equal the CPU run's (PyTorch references)."""
+    """On CUDA the GDN layers verify and commit through the dispatched fast kernels (Triton); logits, committed states
+    and the next step's logits equal the CPU run's (PyTorch references)."""
     _, model = tiny_pair(family)
     prompt = torch.randint(0, 97, (1, PROMPT_LEN))
     tree = random_tree(13, torch.Generator().manual_seed(3))

@@ -61,6 +61,7 @@ CELL_KEYS = (
     "mode",
     "backend",
     "children",
+    "device",
 )
 WARMUP_TOKENS = 8
 
@@ -88,6 +89,7 @@ class CellConfig:
     port: int | None = None  # backend "sglang": loopback port of the launched server; None = a free one
     children: int = PAPER_CHILDREN  # weaver builders' fan-out (engine backend; the servers use their own)
     warmup_tokens: int = WARMUP_TOKENS  # untimed warm-up request before the prompts; 0 = none
+    device: str = "cpu"  # backend "engine": where target, drafter and adapter run (a server picks its own)
 
     def key(self) -> dict[str, Any]:
         """The fields every record of this cell carries and resume checks (with `checkpoints()`)."""
@@ -96,6 +98,8 @@ class CellConfig:
         fields["temperature"] = float(self.temperature)
         if self.method not in ADAPTER_METHODS:
             fields["children"] = None  # only the Weaver builders read the fan-out
+        if self.backend != "engine":
+            fields["device"] = None  # a server runs where it was launched
         return {k: fields[k] for k in CELL_KEYS}
 
     def checkpoints(self) -> dict[str, str | None]:
@@ -171,6 +175,12 @@ def check_cell(cell: CellConfig) -> None:
             f"--children {cell.children}: the authors' SGLang fork builds Weaver trees with a fan-out of "
             f"{PAPER_CHILDREN}; other fan-outs run on --backend engine (or server, checked against the server's)"
         )
+    if cell.backend == "engine":
+        from weaver.backends.engine import check_device
+
+        check_device(cell.device)
+    elif cell.device != "cpu":
+        raise ValueError(f"--device {cell.device}: only --backend engine runs in this process; a server picks its own")
     if cell.backend == "server" and not cell.server_url:
         raise ValueError("--backend server needs --server-url http://HOST:PORT (a running SGLang-protocol server)")
 
@@ -379,6 +389,9 @@ def parse_args(argv: Sequence[str] | None = None) -> CellConfig:
         default=WARMUP_TOKENS,
         help="new tokens of the untimed warm-up request on the first prompt (0 = none)",
     )
+    p.add_argument(
+        "--device", default="cpu", help="backend engine: where the models run, cpu, cuda or cuda:N (default cpu)"
+    )
     a = p.parse_args(argv)
     cell = CellConfig(
         model=a.model,
@@ -400,6 +413,7 @@ def parse_args(argv: Sequence[str] | None = None) -> CellConfig:
         port=a.port,
         children=a.children,
         warmup_tokens=a.warmup_tokens,
+        device=a.device,
     )
     check_cell(cell)
     return cell
@@ -416,10 +430,7 @@ def make_backend(cell: CellConfig, model: Any = None, tokenizer: Any = None):
     if cell.backend == "engine":
         from weaver.backends.engine import Engine, EngineBackend, EngineConfig
 
-        config = EngineConfig(
-            cell.model, cell.method, cell.budget, cell.drafter, cell.adapter, cell.mode, children=cell.children
-        )
-        return EngineBackend(Engine(config, model, tokenizer), **sampling)
+        return EngineBackend(Engine(EngineConfig.of(cell), model, tokenizer), **sampling)
     expect = ServerExpectation(cell.model, cell.method, cell.budget, cell.mode, cell.children)
     if cell.backend == "server":
         return ServerClient(cell.server_url, method=cell.method, expect=expect, **sampling)

@@ -147,12 +147,13 @@ class WeaverSearch:
 
         Each node attends to all 1 + D context tokens, to its proper ancestors' cached K/V, and to itself.
         """
-        seen = torch.full((len(slots), max(len(self.ancestors[s]) for s in slots) + 1), -1, dtype=torch.long)
-        for row, s in enumerate(slots):
-            seen[row, : len(self.ancestors[s]) + 1] = torch.tensor([*self.ancestors[s], s], dtype=torch.long)
-        depth = torch.tensor(depths, dtype=torch.long)
-        x = self.tables.token[torch.tensor(tokens, dtype=torch.long)]  # [w, d_rank]
-        new = torch.tensor(slots, dtype=torch.long)
+        rows = [[*self.ancestors[s], s] for s in slots]
+        width = max(len(r) for r in rows)
+        device = self.node_keys.device
+        seen = torch.tensor([r + [-1] * (width - len(r)) for r in rows], dtype=torch.long, device=device)
+        depth = torch.tensor(depths, dtype=torch.long, device=device)
+        x = self.tables.token[torch.tensor(tokens, dtype=torch.long, device=device)]  # [w, d_rank]
+        new = torch.tensor(slots, dtype=torch.long, device=device)
         h = self.weaver.step(x, depth, self.context, self.node_keys, self.node_values, new, seen)
         return self.weaver.pool_scores(h, self.tables, self.pools.ids[depth], self.pools.scores[depth])
 
@@ -230,7 +231,7 @@ def _publish(
     logits = search.expand(expand, [nodes.tokens[s] for s in expand], depths)
     local = logits - torch.logsumexp(logits, dim=-1, keepdim=True)
     top_lp, top_idx = local.topk(min(search.children, local.shape[-1]), dim=-1)
-    top_ids = search.pools.ids[torch.tensor(depths)].gather(1, top_idx)
+    top_ids = search.pools.ids[torch.tensor(depths, device=top_idx.device)].gather(1, top_idx)
     for row, s in enumerate(expand):
         for lp, token in zip(top_lp[row].tolist(), top_ids[row].tolist(), strict=True):
             if math.isfinite(lp):  # padding pool entries have -inf logits

@@ -117,10 +117,12 @@ def generate(
     accept_lengths: list[int] = []
     tree_sizes: list[int] = []
 
+    # models run on their own device; trees, verification and sampling (a CPU generator) stay on the host
+    device = model.embed_tokens.weight.device
     start = time.perf_counter()
-    prompt = torch.tensor(prompt_ids, dtype=torch.long)
+    prompt = torch.tensor(prompt_ids, dtype=torch.long, device=device)
     out = model(prompt[None], cache=cache, hidden_layers=layers, last_logits_only=True)
-    tokens = [_sample(out.logits[0, -1], params, generator)]
+    tokens = [_sample(out.logits[0, -1].cpu(), params, generator)]
     ttft = time.perf_counter() - start
     if source is not None:
         source.begin(prompt, out.hidden[0] if layers else None)
@@ -129,8 +131,8 @@ def generate(
         root = tokens[-1]
         t0 = time.perf_counter()
         if source is None:  # plain autoregressive step: the root goes straight into the cache
-            logits = model(torch.tensor([[root]]), cache=cache).logits[0, -1]
-            new = [_sample(logits, params, generator)]
+            logits = model(torch.tensor([[root]], device=device), cache=cache).logits[0, -1]
+            new = [_sample(logits.cpu(), params, generator)]
             t1 = t2 = t0
         else:
             draft = source.draft(root, generator)
@@ -141,10 +143,11 @@ def generate(
                 tree = tree.truncate(room)
             t2 = time.perf_counter()
             out = model.verify(tree, cache, hidden_layers=layers)
-            verdict = accept(tree, out.logits[0], params, mode=mode, generator=generator)
+            verdict = accept(tree, out.logits[0].cpu(), params, mode=mode, generator=generator)
             model.commit(cache, verdict.path)
             path = torch.tensor(verdict.path, dtype=torch.long)
-            source.observe(tree.tokens[path], out.hidden[0, path] if layers else None)
+            on_device = path.to(device)
+            source.observe(tree.tokens[path].to(device), out.hidden[0, on_device] if layers else None)
             new = tree.tokens[path[1:]].tolist() + [verdict.bonus]
             tree_sizes.append(tree.budget)
         t3 = time.perf_counter()
@@ -190,17 +193,24 @@ def _parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     p.add_argument("--adapter", default=None, help="Weaver adapter checkpoint file (weaver methods)")
     p.add_argument("--children", type=int, default=8, help="weaver builder fan-out per expanded node (paper: 8)")
     p.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's choice)")
+    p.add_argument(
+        "--device", default="cpu", help="where the target, drafter and adapter run: cpu, cuda or cuda:N (default cpu)"
+    )
     p.add_argument("--json", action="store_true", help="print one JSON object with output_ids, text and stats")
     return p.parse_args(argv)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = _parse_args(argv)
-    from weaver.models import load_target  # deferred: keeps `--help` instant
+    from weaver.backends.engine import check_device  # deferred: keeps `--help` instant
+    from weaver.models import load_target
 
+    check_device(args.device)
     if args.threads:
         torch.set_num_threads(args.threads)
     model, tokenizer = load_target(args.model)
+    if args.device != "cpu":
+        model = model.to(args.device)  # the source moves the drafter and adapter it loads to the target's device
     if args.raw:
         prompt_ids = tokenizer.encode(args.prompt)
     else:

@@ -35,8 +35,8 @@ def _cut(text: str, until: list[str]) -> str:
 class WeaverLM(LM):
     """model_args: model, method, budget, drafter, adapter, mode, children, max_gen_toks, seed (lm-eval passes
     strings). lm-eval's own batch_size / max_batch_size are accepted (requests run one at a time: the outputs do not
-    depend on it); device must be cpu (lm-eval's default cuda:0 is taken as the CPU where CUDA is absent, as its HFLM
-    does); any other argument is refused, so a misspelt one cannot go unnoticed."""
+    depend on it); device is cpu, cuda or cuda:N (lm-eval's default cuda:0 is taken as the CPU where CUDA is absent, as
+    its HFLM does); any other argument is refused, so a misspelt one cannot go unnoticed."""
 
     def __init__(
         self,
@@ -59,12 +59,11 @@ class WeaverLM(LM):
             raise ValueError(
                 f"unknown weaver model_args {sorted(unknown)}; the weaver model takes {', '.join(MODEL_ARGS)}"
             )
-        if device not in (None, "cpu") and not (str(device).startswith("cuda") and not torch.cuda.is_available()):
-            # lm-eval's CLI passes cuda:0 unless told otherwise; without CUDA that means the CPU (as for its HFLM)
-            raise ValueError(
-                f"the weaver lm-eval model runs its engine on the CPU; got device {device!r}: pass --device cpu"
-            )
-        config = EngineConfig(model, method, int(budget), drafter, adapter, mode, children=int(children))
+        if device is None or (str(device).startswith("cuda") and not torch.cuda.is_available()):
+            device = "cpu"  # lm-eval's CLI passes cuda:0 unless told otherwise; without CUDA that means the CPU
+        config = EngineConfig(
+            model, method, int(budget), drafter, adapter, mode, children=int(children), device=str(device)
+        )  # Engine checks the device (and the rest) before loading
         self.engine = Engine(config)
         self.tokenizer = self.engine.tokenizer
         self.max_gen_toks, self.seed = int(max_gen_toks), int(seed)
@@ -107,9 +106,10 @@ class WeaverLM(LM):
     @torch.inference_mode()
     def _score(self, context: list[int], continuation: list[int]) -> tuple[float, bool]:
         """Sum of log p(continuation | context) under the target, and whether it is the greedy continuation."""
-        ids = torch.tensor([context + continuation])
+        device = self.engine.model.embed_tokens.weight.device
+        ids = torch.tensor([context + continuation], device=device)
         logprobs = self.engine.model(ids[:, :-1]).logits[0, len(context) - 1 :].float().log_softmax(-1)
-        target = torch.tensor(continuation)
+        target = torch.tensor(continuation, device=device)
         total = float(logprobs.gather(-1, target[:, None]).sum())
         return total, bool((logprobs.argmax(-1) == target).all())
 

@@ -391,6 +391,9 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         help=f"weaver builders' fan-out per expanded node (paper: {PAPER_CHILDREN})",
     )
     p.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's choice)")
+    p.add_argument(
+        "--device", default="cpu", help="where the target, drafter and adapter run: cpu, cuda or cuda:N (default cpu)"
+    )
     args = p.parse_args(argv)
     if not 1 <= args.port <= 65535:
         p.error(f"--port must be a TCP port in 1..65535, got {args.port}")
@@ -399,9 +402,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
-    config = EngineConfig(
-        args.model, args.method, args.budget, args.drafter, args.adapter, args.mode, children=args.children
-    )
+    config = EngineConfig.of(args)
     config.check()  # refuse a bad configuration before the (slow) model load
     if args.threads:
         import torch

@@ -235,7 +235,8 @@ class DrafterSource:
         if method not in BUILDERS:
             raise KeyError(f"unknown tree builder {method!r}; available: {', '.join(sorted(BUILDERS))}")
         self.name, self.model, self.depth_cap = method, model, depth_cap
-        self.drafter = load_drafter(drafter) if isinstance(drafter, (str, PathLike)) else drafter
+        device = model.embed_tokens.weight.device  # checkpoints loaded here go where the target runs
+        self.drafter = load_drafter(drafter).to(device) if isinstance(drafter, (str, PathLike)) else drafter
         if self.drafter.cfg.vocab_size != model.config.vocab_size:
             raise ValueError(
                 f"drafter vocabulary ({self.drafter.cfg.vocab_size}) != target vocabulary "
@@ -249,7 +250,7 @@ class DrafterSource:
             if isinstance(adapter, BoundAdapter):  # bound once by the caller (Engine): its pool size and fan-out
                 self.adapter = adapter
             else:
-                weaver = Weaver.load(adapter) if isinstance(adapter, (str, PathLike)) else adapter
+                weaver = Weaver.load(adapter).to(device) if isinstance(adapter, (str, PathLike)) else adapter
                 self.adapter = weaver.bind(
                     model.embed_tokens.weight, model.lm_head.weight, pool_size=pool_size, children=children
                 )

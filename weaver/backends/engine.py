@@ -7,8 +7,10 @@ the method's drafter / adapter options and the tree budget, and runs one request
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from typing import Any
+
+import torch
 
 from weaver.bench import ADAPTER_METHODS, DRAFTER_METHODS, PAPER_CHILDREN
 
@@ -24,6 +26,12 @@ class EngineConfig:
     adapter: str | None = None
     mode: str = "target_only"  # sampling verifier at temperature > 0
     children: int = PAPER_CHILDREN  # weaver builders' fan-out: top pool children per expanded node
+    device: str = "cpu"  # where target, drafter and adapter run ("cuda", "cuda:1"); trees and verification stay on CPU
+
+    @classmethod
+    def of(cls, source: Any) -> EngineConfig:
+        """The engine fields of an object that has them as attributes (a bench CellConfig, a CLI namespace)."""
+        return cls(**{f.name: getattr(source, f.name) for f in fields(cls)})
 
     def check(self) -> None:
         """Refuse a configuration the engine cannot run, before the (slow) model load."""
@@ -31,6 +39,7 @@ class EngineConfig:
         from weaver.verify import SAMPLING_MODES
 
         check_method(self.method)
+        check_device(self.device)
         if self.mode not in SAMPLING_MODES:
             raise ValueError(f"mode must be one of {', '.join(SAMPLING_MODES)}, got {self.mode!r}")
         if self.children < 1:
@@ -45,6 +54,21 @@ class EngineConfig:
             raise ValueError(f"method {self.method!r} uses the Weaver adapter: give adapter=CHECKPOINT")
 
 
+def check_device(device: str) -> None:
+    """Refuse a device torch cannot name or this machine lacks, naming the fix."""
+    try:
+        parsed = torch.device(device)
+    except (RuntimeError, TypeError) as error:
+        raise ValueError(f"device {device!r} is not a torch device: use cpu, cuda or cuda:N ({error})") from None
+    if parsed.type not in ("cpu", "cuda"):
+        raise ValueError(f"device {device!r}: the engine runs on cpu or cuda")
+    if parsed.type == "cuda":
+        if not torch.cuda.is_available():
+            raise ValueError(f"device {device!r} asked for, but torch sees no CUDA device here: use device cpu")
+        if parsed.index is not None and parsed.index >= torch.cuda.device_count():
+            raise ValueError(f"device {device!r}: this machine has {torch.cuda.device_count()} CUDA device(s)")
+
+
 class Engine:
     """One loaded target + method. Not thread-safe: callers serialise requests (the server uses one worker)."""
 
@@ -55,19 +79,23 @@ class Engine:
             from weaver.models import load_target
 
             model, tokenizer = load_target(config.model)
+        if model.embed_tokens.weight.device != torch.device(config.device):
+            model = model.to(config.device)  # (a no-op .to() would still re-fuse the fast-path weights)
         self.config, self.model, self.tokenizer = config, model, tokenizer
         # checkpoints are loaded once here; each request gets a fresh source around them (sources keep request state)
         self.options: dict[str, Any] = {}
         if config.method in DRAFTER_METHODS:
             from weaver.drafter import load_drafter
 
-            self.options["drafter"] = load_drafter(config.drafter)
+            self.options["drafter"] = load_drafter(config.drafter).to(config.device)
         if config.method in ADAPTER_METHODS:
             from weaver.adapter import Weaver
 
             # its [V, d] tables depend on the target only: computed once, not per request (~0.5 s for SmolLM2)
-            self.options["adapter"] = Weaver.load(config.adapter).bind(
-                model.embed_tokens.weight, model.lm_head.weight, children=config.children
+            self.options["adapter"] = (
+                Weaver.load(config.adapter)
+                .to(config.device)
+                .bind(model.embed_tokens.weight, model.lm_head.weight, children=config.children)
             )
         eos = getattr(tokenizer, "eos_token_id", None)
         self.eos_ids: tuple[int, ...] = (eos,) if eos is not None else ()
