@@ -21,9 +21,11 @@ def write_cell(
     tree_sizes: object,
     dataset: str = "d",
     wall_s: float | None = None,
+    device: str | None = None,
 ) -> Path:
-    """One finished cell (meta.json + records.jsonl) of two prompts, as weaver.bench writes them."""
-    cell = root / f"{dataset}-{method}-b{budget}"
+    """One finished cell (meta.json + records.jsonl) of two prompts, as weaver.bench writes them (device: the
+    engine's, left out as in records written before it was logged)."""
+    cell = root / f"{dataset}-{method}-b{budget}{'-' + device if device else ''}"
     cell.mkdir(parents=True)
     records = []
     for prompt in ("p0", "p1"):
@@ -46,6 +48,8 @@ def write_cell(
         }
         if tree_sizes is not MISSING:
             record["tree_sizes"] = tree_sizes
+        if device is not None:
+            record["device"] = device
         records.append(json.dumps(record))
     (cell / "records.jsonl").write_text("\n".join(records) + "\n")
     (cell / "meta.json").write_text(json.dumps({"hardware": {"host": "h"}}))
@@ -150,3 +154,15 @@ def test_kernel_table_without_timing_column_is_refused(tmp_path: Path) -> None:
     (tmp_path / "k.csv").write_text("layout,n,device,backend,dtype,per_branch_us,fused_us\nx,16,cpu,ref,float32,2,1\n")
     with pytest.raises(ValueError, match="timing"):
         kernel_table(tmp_path / "k.csv")
+
+
+def test_gpu_cells_are_compared_with_the_gpu_ar_run(tmp_path: Path) -> None:
+    """CPU and CUDA runs on one machine are separate hosts: a GPU method's speedup uses the GPU's AR throughput."""
+    metas = [
+        write_cell(tmp_path, "ar", 0, [1] * 6, [], wall_s=1.0),  # a record from before the device key: the CPU
+        write_cell(tmp_path, "ar", 0, [1] * 6, [], wall_s=0.1, device="cuda:0"),
+        write_cell(tmp_path, "ddtree", 16, [1] * 6, [16] * 6, wall_s=0.05, device="cuda:0"),
+    ]
+    cells = cell_table(reuse_budget_free(load_requests(metas), [])).set_index(["host", "method"])
+    assert set(cells.index) == {("h", "ar"), ("h/cuda:0", "ar"), ("h/cuda:0", "ddtree")}
+    assert cells.loc[("h/cuda:0", "ddtree"), "speedup"] == pytest.approx(2.0)

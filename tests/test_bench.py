@@ -270,3 +270,17 @@ def test_device_is_part_of_an_engine_cell_only(tmp_path: Path) -> None:
     assert make_cell(tmp_path).key()["device"] == "cpu"
     assert make_cell(tmp_path, device="cuda:1").key()["device"] == "cuda:1"
     assert make_cell(tmp_path, backend="server", server_url="http://x").key()["device"] is None
+
+
+def test_engine_records_from_before_the_device_key_resume_as_cpu(tmp_path: Path) -> None:
+    cell = make_cell(tmp_path / "cell")
+    run_prompts(cell, PROMPTS, fake_stats)
+    path = tmp_path / "cell" / "records.jsonl"
+    old = [{k: v for k, v in r.items() if k != "device"} for r in read_records(path)]
+    path.write_text("".join(json.dumps(r) + "\n" for r in old))
+    (tmp_path / "cell" / "meta.json").unlink()
+    rerun: list[list[int]] = []
+    summary = run_prompts(cell, PROMPTS, lambda ids: rerun.append(ids) or fake_stats(ids))
+    assert rerun == [] and summary.n_resumed == len(PROMPTS)
+    on_gpu = run_prompts(replace(cell, device="cuda:0"), PROMPTS, fake_stats)
+    assert on_gpu.n_resumed == 0  # a GPU run does not reuse CPU records

@@ -81,6 +81,8 @@ def test_model_args_are_checked_and_children_reaches_the_engine() -> None:
         WeaverLM.create_from_arg_string("model=smollm2-135m,method=ar,budgett=4")
     with pytest.raises(ValueError, match="runs on cpu or cuda"):
         WeaverLM.create_from_arg_string("model=smollm2-135m", {"device": "mps"})
+    with pytest.raises(ValueError, match="not a torch device"):  # parsed before cuda means the CPU here
+        WeaverLM.create_from_arg_string("model=smollm2-135m", {"device": "cuda:banana"})
     with pytest.raises(ValueError, match="unknown method"):
         WeaverLM.create_from_arg_string("model=smollm2-135m,method=eagle,budget=4")
     lm = WeaverLM.create_from_arg_string(

@@ -9,7 +9,9 @@
                         throughput / macro AR throughput, NaN unless every dataset has its AR cell
   depth_acceptance.csv  per draft depth d: steps that reached d and steps that accepted the draft at d
   kernels.csv           GDN kernel bench, long format (layout, n, impl, time_us, speedup over per_branch)
-Speedups are always computed from the AR run on the same host in the same logs, never from copied numbers.
+Speedups are always computed from the AR run on the same host in the same logs, never from copied numbers; "host" is
+the machine, with the in-process engine's device when that is not the CPU ("vm/cuda:0"), so a GPU cell is compared
+with the GPU's AR run only.
 
 --budget-free METHOD: a method whose tree does not depend on the budget once the budget exceeds what it drafts (chain:
 the drafter block's B - 1 argmax tokens) is benchmarked at one budget only. Its requests then stand for every larger
@@ -42,7 +44,7 @@ def load_requests(meta_paths: Sequence[Path]) -> pd.DataFrame:
             rows.append(
                 {
                     **{k: r[k] for k in CELL},
-                    "host": meta["hardware"]["host"],
+                    "host": _host(meta["hardware"]["host"], r.get("device")),
                     "prompt_id": str(r["prompt_id"]),
                     "prompt_tokens": r["prompt_tokens"],
                     "new_tokens": r["new_tokens"],
@@ -61,6 +63,12 @@ def load_requests(meta_paths: Sequence[Path]) -> pd.DataFrame:
     if not rows:
         raise ValueError("no benchmark records found: give --meta paths of finished cells (meta.json)")
     return pd.DataFrame(rows)
+
+
+def _host(machine: str, device: str | None) -> str:
+    """Where a record ran: the machine, plus the engine's device unless it is the CPU (records written before the
+    device key, and HTTP servers' records, carry none)."""
+    return machine if device in (None, "cpu") else f"{machine}/{device}"
 
 
 def reuse_budget_free(requests: pd.DataFrame, methods: Sequence[str]) -> pd.DataFrame:

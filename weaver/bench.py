@@ -100,6 +100,8 @@ class CellConfig:
             fields["children"] = None  # only the Weaver builders read the fan-out
         if self.backend != "engine":
             fields["device"] = None  # a server runs where it was launched
+        else:
+            fields["device"] = canonical_device(self.device)
         return {k: fields[k] for k in CELL_KEYS}
 
     def checkpoints(self) -> dict[str, str | None]:
@@ -109,6 +111,16 @@ class CellConfig:
             "drafter": checkpoint_id(self.drafter) if self.method in DRAFTER_METHODS else None,
             "adapter": checkpoint_id(self.adapter) if self.method in ADAPTER_METHODS else None,
         }
+
+
+def canonical_device(device: str) -> str:
+    """One name per device: "cuda" is the current CUDA device "cuda:N" (so "cuda" and "cuda:0" records are one cell)."""
+    import torch
+
+    parsed = torch.device(device)
+    if parsed.type == "cuda" and parsed.index is None and torch.cuda.is_available():
+        return f"cuda:{torch.cuda.current_device()}"
+    return str(parsed)
 
 
 def checkpoint_id(path: str | None) -> str | None:
@@ -302,6 +314,8 @@ def run_prompts(
 
 
 def _matches(record: dict[str, Any], identity: dict[str, Any]) -> bool:
+    if "device" not in record and record.get("backend") == "engine":
+        record = {**record, "device": "cpu"}  # engine records written before the device key ran on the CPU
     return all(record.get(k) == v for k, v in identity.items())
 
 

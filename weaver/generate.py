@@ -59,6 +59,14 @@ class GenerationResult:
     stats: GenerationStats = field(repr=False)
 
 
+def _clock(device: torch.device) -> float:
+    """perf_counter once the device's queued work is done: CUDA runs asynchronously, and a stage's time (draft, tree,
+    verify) must hold its own kernels, not the next stage's first synchronisation."""
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    return time.perf_counter()
+
+
 def _sample(logits: torch.Tensor, params: SamplingParams, generator: torch.Generator) -> int:
     """One token from [V] logits: argmax at temperature 0, else a draw from the filtered target distribution."""
     if params.temperature == 0:
@@ -119,29 +127,29 @@ def generate(
 
     # models run on their own device; trees, verification and sampling (a CPU generator) stay on the host
     device = model.embed_tokens.weight.device
-    start = time.perf_counter()
+    start = _clock(device)
     prompt = torch.tensor(prompt_ids, dtype=torch.long, device=device)
     out = model(prompt[None], cache=cache, hidden_layers=layers, last_logits_only=True)
     tokens = [_sample(out.logits[0, -1].cpu(), params, generator)]
-    ttft = time.perf_counter() - start
+    ttft = _clock(device) - start
     if source is not None:
         source.begin(prompt, out.hidden[0] if layers else None)
 
     while len(tokens) < max_new_tokens and tokens[-1] not in eos:
         root = tokens[-1]
-        t0 = time.perf_counter()
+        t0 = _clock(device)
         if source is None:  # plain autoregressive step: the root goes straight into the cache
             logits = model(torch.tensor([[root]], device=device), cache=cache).logits[0, -1]
             new = [_sample(logits.cpu(), params, generator)]
             t1 = t2 = t0
         else:
             draft = source.draft(root, generator)
-            t1 = time.perf_counter()
+            t1 = _clock(device)
             tree = source.build(draft, root, budget, generator) if budget > 0 else Tree.root_only(root)
             room = model.config.max_position_embeddings - 1 - cache.seq_len  # deepest node position that fits
             if room < tree.budget:  # near the end of the context: a node at depth d sits at position seq_len + d
                 tree = tree.truncate(room)
-            t2 = time.perf_counter()
+            t2 = _clock(device)
             out = model.verify(tree, cache, hidden_layers=layers)
             verdict = accept(tree, out.logits[0].cpu(), params, mode=mode, generator=generator)
             model.commit(cache, verdict.path)
@@ -150,7 +158,7 @@ def generate(
             source.observe(tree.tokens[path].to(device), out.hidden[0, on_device] if layers else None)
             new = tree.tokens[path[1:]].tolist() + [verdict.bonus]
             tree_sizes.append(tree.budget)
-        t3 = time.perf_counter()
+        t3 = _clock(device)
         draft_s.append(t1 - t0)
         tree_s.append(t2 - t1)
         verify_s.append(t3 - t2)
@@ -170,7 +178,7 @@ def generate(
         tree_s=tree_s,
         verify_s=verify_s,
         ttft_s=ttft,
-        wall_s=time.perf_counter() - start,
+        wall_s=_clock(device) - start,
         hit_eos=tokens[-1] in eos,
     )
     return GenerationResult(output_ids=tokens, stats=stats)

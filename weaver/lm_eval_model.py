@@ -19,7 +19,7 @@ import torch
 from lm_eval.api.model import LM
 from lm_eval.api.registry import register_model
 
-from weaver.backends.engine import Engine, EngineConfig
+from weaver.backends.engine import Engine, EngineConfig, parse_device
 from weaver.bench import PAPER_CHILDREN
 
 MODEL_ARGS = ("model", "method", "budget", "drafter", "adapter", "mode", "children", "max_gen_toks", "seed")
@@ -59,7 +59,7 @@ class WeaverLM(LM):
             raise ValueError(
                 f"unknown weaver model_args {sorted(unknown)}; the weaver model takes {', '.join(MODEL_ARGS)}"
             )
-        if device is None or (str(device).startswith("cuda") and not torch.cuda.is_available()):
+        if device is None or (parse_device(device).type == "cuda" and not torch.cuda.is_available()):
             device = "cpu"  # lm-eval's CLI passes cuda:0 unless told otherwise; without CUDA that means the CPU
         config = EngineConfig(
             model, method, int(budget), drafter, adapter, mode, children=int(children), device=str(device)

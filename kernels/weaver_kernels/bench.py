@@ -17,6 +17,7 @@ fused_us the dispatched path (the same reference on CPU, Triton on CUDA).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import csv
 import json
 import platform
@@ -161,10 +162,9 @@ def measure(
     )
 
 
-def write(rows: list[Row], out: Path) -> None:
+def write(rows: list[Row], out: Path, hardware: str) -> None:
     """kernel_table.csv and kernel_table.json (rows + the machine) under out, each written atomically."""
     out.mkdir(parents=True, exist_ok=True)
-    hardware = torch.cuda.get_device_name() if rows and rows[0].device == "cuda" else platform.processor() or "cpu"
     meta = {"hardware": hardware, "torch": torch.__version__, "rows": [asdict(r) for r in rows]}
     tmp = out / "kernel_table.json.tmp"
     tmp.write_text(json.dumps(meta, indent=1))
@@ -220,25 +220,35 @@ def main(argv: list[str] | None = None) -> int:
         )
     dtype = getattr(torch, args.dtype or ("bfloat16" if device.type == "cuda" else "float32"))
     repeats = args.repeats or (50 if device.type == "cuda" else 5)
+    try:  # the implementations to time, each once per cell (a backend that cannot run here is refused up front)
+        plan = [
+            (layout, n, backend, timing)
+            for layout in args.layouts
+            for n in args.n
+            for backend in dict.fromkeys(resolved_backend(layout, device, b) for b in args.backend)
+            for timing in timings
+        ]
+    except RuntimeError as error:
+        parser.error(str(error))
     print(f"{'layout':<16}{'N':>5}  {'backend':<8}{'timing':<7}{'per-branch us':>15}{'fused us':>12}{'speedup':>9}")
     rows, failed = [], []
-    for layout in args.layouts:
-        for n in args.n:
-            for backend in dict.fromkeys(resolved_backend(layout, device, b) for b in args.backend):
-                for timing in timings:
-                    try:
-                        row = measure(layout, n, device, dtype, backend, repeats, timing)
-                    except (RuntimeError, ValueError) as error:
-                        # one broken cell (e.g. a path that cannot be captured in a CUDA graph) must not cost the rest
-                        # of a GPU session's table; it is named here and in the exit status
-                        failed.append(f"{layout} N={n} {backend} {timing}: {type(error).__name__}: {error}")
-                        print(f"{layout:<16}{n:>5}  {backend:<8}{timing:<7}FAILED: {error}", flush=True)
-                        continue
-                    rows.append(row)
-                    times = f"{row.per_branch_us:>15.1f}{row.fused_us:>12.1f}{row.speedup:>8.2f}x"
-                    print(f"{layout:<16}{n:>5}  {row.backend:<8}{timing:<7}{times}", flush=True)
+    # the timed device is the current one (CUDA events, synchronize, graph capture and Triton all use it)
+    with torch.cuda.device(device) if device.type == "cuda" else contextlib.nullcontext():
+        for layout, n, backend, timing in plan:
+            try:
+                row = measure(layout, n, device, dtype, backend, repeats, timing)
+            except Exception as error:  # Triton's compile / resource errors are not RuntimeErrors
+                # one broken cell (e.g. a path that cannot be captured in a CUDA graph) must not cost the rest of a
+                # GPU session's table; it is named here and in the exit status
+                failed.append(f"{layout} N={n} {backend} {timing}: {type(error).__name__}: {error}")
+                print(f"{layout:<16}{n:>5}  {backend:<8}{timing:<7}FAILED: {error}", flush=True)
+                continue
+            rows.append(row)
+            times = f"{row.per_branch_us:>15.1f}{row.fused_us:>12.1f}{row.speedup:>8.2f}x"
+            print(f"{layout:<16}{n:>5}  {row.backend:<8}{timing:<7}{times}", flush=True)
+        hardware = torch.cuda.get_device_name() if device.type == "cuda" else platform.processor() or "cpu"
     if args.out is not None and rows:
-        write(rows, args.out)
+        write(rows, args.out, hardware)
         print(f"wrote {args.out / 'kernel_table.csv'} and kernel_table.json")
     if failed:
         print(f"{len(failed)} cell(s) failed:\n  " + "\n  ".join(failed), file=sys.stderr)

@@ -114,7 +114,9 @@ def call(op: str, ranks: tuple[int | None, ...], *args):
             a = torch.as_tensor(a, device=args[0].device)
             a = a.unsqueeze(0).expand(batch, *a.shape) if a.dim() == rank else a
         batched.append(a)
-    out = fn(*batched)
+    # Triton launches on the current CUDA device: make it the tensors' one (cuda:1 tensors from a cuda:0 context fail)
+    with torch.cuda.device(args[0].device) if args[0].device.type == "cuda" else contextlib.nullcontext():
+        out = fn(*batched)
     if not single:
         return out
     return tuple(x[0] for x in out) if isinstance(out, tuple) else out[0]

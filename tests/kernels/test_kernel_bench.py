@@ -36,13 +36,22 @@ def test_cuda_timings_are_refused_on_cpu(capsys):
 def test_a_failing_cell_is_named_and_the_rest_still_written(tmp_path, capsys, monkeypatch):
     real = bench.measure
 
+    class OutOfResources(Exception):  # Triton's compile and resource errors derive from Exception only
+        pass
+
     def measure(layout, n, *args):
         if n == 17:
-            raise RuntimeError("operation not permitted when stream is capturing")
+            raise OutOfResources("out of resource: shared memory")
         return real(layout, n, *args)
 
     monkeypatch.setattr(bench, "measure", measure)
-    argv = ["--device", "cpu", "--layouts", "small-hybrid", "--n", "16", "17", "--repeats", "1", "--out", str(tmp_path)]
+    argv = ["--device", "cpu", "--layouts", "small-hybrid", "--n", "17", "16", "--repeats", "1", "--out", str(tmp_path)]
     assert bench.main(argv) == 1
     assert [r["n"] for r in csv.DictReader((tmp_path / "kernel_table.csv").open())] == ["16"]
-    assert "small-hybrid N=17 ref wall: RuntimeError: operation not permitted" in capsys.readouterr().err
+    assert "small-hybrid N=17 ref wall: OutOfResources: out of resource" in capsys.readouterr().err
+
+
+def test_a_backend_that_cannot_run_here_is_refused_up_front(capsys):
+    with pytest.raises(SystemExit):
+        bench.main(["--device", "cpu", "--backend", "ref", "cuda", "--layouts", "small-hybrid", "--n", "16"])
+    assert "backend 'cuda' needs CUDA tensors" in capsys.readouterr().err

@@ -54,14 +54,20 @@ class EngineConfig:
             raise ValueError(f"method {self.method!r} uses the Weaver adapter: give adapter=CHECKPOINT")
 
 
-def check_device(device: str) -> None:
-    """Refuse a device torch cannot name or this machine lacks, naming the fix."""
+def parse_device(device: str) -> torch.device:
+    """The torch device named by `device`; refuses a name torch cannot parse and devices other than cpu / cuda."""
     try:
         parsed = torch.device(device)
     except (RuntimeError, TypeError) as error:
         raise ValueError(f"device {device!r} is not a torch device: use cpu, cuda or cuda:N ({error})") from None
     if parsed.type not in ("cpu", "cuda"):
         raise ValueError(f"device {device!r}: the engine runs on cpu or cuda")
+    return parsed
+
+
+def check_device(device: str) -> None:
+    """Refuse a device torch cannot name or this machine lacks, naming the fix."""
+    parsed = parse_device(device)
     if parsed.type == "cuda":
         if not torch.cuda.is_available():
             raise ValueError(f"device {device!r} asked for, but torch sees no CUDA device here: use device cpu")
