@@ -522,3 +522,15 @@ def test_cli_device_is_checked_before_the_model_load() -> None:
 
     with pytest.raises(ValueError, match="not a torch device"):
         main(["--model", "no-such-model", "--prompt", "hi", "--device", "gpu0"])
+
+
+def test_place_moves_the_target_only_when_it_is_elsewhere(tiny_model) -> None:
+    """A target already on the device is returned as it is (no re-fusing .to())."""
+    from weaver.backends.engine import canonical_device, place
+
+    def moved(*args, **kwargs):
+        raise AssertionError(".to() called on a target already on the device")
+
+    tiny_model.to = moved  # nn.Module.to returns self even when it re-fuses, so the call itself is what to catch
+    assert place(tiny_model, "cpu") is tiny_model
+    assert canonical_device("cpu") == "cpu" and canonical_device("cuda:1") == "cuda:1"

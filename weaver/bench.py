@@ -101,6 +101,8 @@ class CellConfig:
         if self.backend != "engine":
             fields["device"] = None  # a server runs where it was launched
         else:
+            from weaver.backends.engine import canonical_device  # (it imports this module)
+
             fields["device"] = canonical_device(self.device)
         return {k: fields[k] for k in CELL_KEYS}
 
@@ -111,16 +113,6 @@ class CellConfig:
             "drafter": checkpoint_id(self.drafter) if self.method in DRAFTER_METHODS else None,
             "adapter": checkpoint_id(self.adapter) if self.method in ADAPTER_METHODS else None,
         }
-
-
-def canonical_device(device: str) -> str:
-    """One name per device: "cuda" is the current CUDA device "cuda:N" (so "cuda" and "cuda:0" records are one cell)."""
-    import torch
-
-    parsed = torch.device(device)
-    if parsed.type == "cuda" and parsed.index is None and torch.cuda.is_available():
-        return f"cuda:{torch.cuda.current_device()}"
-    return str(parsed)
 
 
 def checkpoint_id(path: str | None) -> str | None:

@@ -154,8 +154,7 @@ def generate(
             verdict = accept(tree, out.logits[0].cpu(), params, mode=mode, generator=generator)
             model.commit(cache, verdict.path)
             path = torch.tensor(verdict.path, dtype=torch.long)
-            on_device = path.to(device)
-            source.observe(tree.tokens[path].to(device), out.hidden[0, on_device] if layers else None)
+            source.observe(tree.tokens[path].to(device), out.hidden[0, path.to(device)] if layers else None)
             new = tree.tokens[path[1:]].tolist() + [verdict.bonus]
             tree_sizes.append(tree.budget)
         t3 = _clock(device)
@@ -210,15 +209,14 @@ def _parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = _parse_args(argv)
-    from weaver.backends.engine import check_device  # deferred: keeps `--help` instant
+    from weaver.backends.engine import check_device, place  # deferred: keeps `--help` instant
     from weaver.models import load_target
 
     check_device(args.device)
     if args.threads:
         torch.set_num_threads(args.threads)
     model, tokenizer = load_target(args.model)
-    if args.device != "cpu":
-        model = model.to(args.device)  # the source moves the drafter and adapter it loads to the target's device
+    model = place(model, args.device)  # the source moves the drafter and adapter it loads to the target's device
     if args.raw:
         prompt_ids = tokenizer.encode(args.prompt)
     else:

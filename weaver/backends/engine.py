@@ -75,6 +75,22 @@ def check_device(device: str) -> None:
             raise ValueError(f"device {device!r}: this machine has {torch.cuda.device_count()} CUDA device(s)")
 
 
+def canonical_device(device: str) -> str:
+    """One name per device: "cuda" is the current CUDA device "cuda:N" (so "cuda" and "cuda:0" are one device)."""
+    parsed = torch.device(device)
+    if parsed.type == "cuda" and parsed.index is None and torch.cuda.is_available():
+        return f"cuda:{torch.cuda.current_device()}"
+    return str(parsed)
+
+
+def place(model: Any, device: str) -> Any:
+    """The target on `device`, moved only when it is elsewhere (a no-op .to() would still re-fuse its fast-path
+    weights)."""
+    if str(model.embed_tokens.weight.device) == canonical_device(device):
+        return model
+    return model.to(device)
+
+
 class Engine:
     """One loaded target + method. Not thread-safe: callers serialise requests (the server uses one worker)."""
 
@@ -85,8 +101,7 @@ class Engine:
             from weaver.models import load_target
 
             model, tokenizer = load_target(config.model)
-        if model.embed_tokens.weight.device != torch.device(config.device):
-            model = model.to(config.device)  # (a no-op .to() would still re-fuse the fast-path weights)
+        model = place(model, config.device)
         self.config, self.model, self.tokenizer = config, model, tokenizer
         # checkpoints are loaded once here; each request gets a fresh source around them (sources keep request state)
         self.options: dict[str, Any] = {}
