@@ -6,12 +6,27 @@ import csv
 
 import pytest
 import torch
-from tiny_models import tiny_hf_model
+from tiny_models import tiny_adapter, tiny_drafter, tiny_hf_model
 
-from weaver.adapter import Weaver, WeaverConfig
 from weaver.drafter import Drafter, DrafterConfig, build_target_layer_ids
-from weaver.eval_depth import evaluate, pick_anchors, rows_for, sequence_acceptance, write_csv
+from weaver.eval_depth import (
+    POOL_BOUND,
+    TREE_FIELDS,
+    TreeSpec,
+    accepted_drafts,
+    build_parser,
+    check_tree_args,
+    draft_sequence,
+    evaluate,
+    pick_anchors,
+    rows_for,
+    sequence_acceptance,
+    tree_acceptance,
+    tree_rows_for,
+    write_csv,
+)
 from weaver.models import from_hf_model
+from weaver.tree import Tree
 
 
 @pytest.fixture(scope="module")
@@ -37,25 +52,6 @@ def setup() -> tuple:
     with torch.no_grad():  # sharper marginals than the random init gives, so argmax and sample differ clearly
         drafter.norm.weight.mul_(8.0)
     return model, drafter
-
-
-def make_adapter(model, pool_size: int, residual: float) -> Weaver:
-    cfg = model.config
-    adapter = Weaver(
-        WeaverConfig(
-            d_model=cfg.hidden_size,
-            d_embed=cfg.hidden_size,
-            d_rank=32,
-            num_layers=1,
-            num_heads=4,
-            mlp_dim=64,
-            K=pool_size,
-            candidate_pool_size=pool_size,
-        )
-    ).eval()
-    with torch.no_grad():
-        adapter.lm_head_query_in.weight.normal_(0, residual) if residual else adapter.lm_head_query_in.weight.zero_()
-    return adapter
 
 
 def sequence(length: int = 20) -> torch.Tensor:
@@ -87,11 +83,11 @@ def test_matches_per_anchor_drafts_against_the_dense_target(setup) -> None:
 
 def test_zero_residual_weaver_over_the_full_vocabulary_is_the_marginal(setup) -> None:
     model, drafter = setup
-    adapter = make_adapter(model, pool_size=model.config.vocab_size, residual=0.0)
+    adapter = tiny_adapter(model, pool_size=model.config.vocab_size, residual=0.0)
     acc = sequence_acceptance(model, drafter, adapter, sequence(), [5, 11], temperature=1.0)
     torch.testing.assert_close(acc["weaver_argmax"], acc["argmax"], rtol=1e-4, atol=1e-6)
     torch.testing.assert_close(acc["weaver_sample"], acc["sample"], rtol=1e-4, atol=1e-6)
-    trained = make_adapter(model, pool_size=16, residual=0.5)
+    trained = tiny_adapter(model, pool_size=16, residual=0.5)
     moved = sequence_acceptance(model, drafter, trained, sequence(), [5, 11], temperature=1.0)
     assert not torch.allclose(moved["weaver_sample"], acc["sample"])
 
@@ -113,7 +109,7 @@ def test_anchors_lie_in_the_continuation() -> None:
 
 def test_evaluate_writes_one_row_per_draft_and_depth(setup, tmp_path) -> None:
     model, drafter = setup
-    adapter = make_adapter(model, pool_size=16, residual=0.5)
+    adapter = tiny_adapter(model, pool_size=16, residual=0.5)
     prompts = [sequence(7).tolist(), sequence(9).tolist()]
     result = evaluate(model, drafter, adapter, prompts, 1.0, max_new_tokens=10, anchors_per_seq=4, eos_id=None)
     rows = rows_for("tiny", "synthetic", 1.0, result)
@@ -124,3 +120,100 @@ def test_evaluate_writes_one_row_per_draft_and_depth(setup, tmp_path) -> None:
     with (tmp_path / "depth.csv").open() as f:
         table = list(csv.DictReader(f))
     assert len(table) == len(rows) and float(table[0]["acceptance"]) == pytest.approx(rows[0].acceptance)
+
+
+def test_trees_accept_what_the_engine_accepts_at_temperature_0() -> None:
+    """Teacher-forced tree acceptance at the engine's own step roots equals the engine's accepted drafts, step by
+    step, for every drafter-based builder (the estimator is exact at temperature 0, not a proxy). The GDN hybrid's
+    greedy continuation varies (the tiny random llama's repeats one token) and its engine verifies trees with the
+    rollback-free GDN path, so a mis-aligned truth or a tree-verify mismatch shows up here."""
+    from weaver.generate import generate
+    from weaver.sources import make_source
+
+    torch.manual_seed(0)
+    model = from_hf_model(tiny_hf_model("qwen3_next")).eval()
+    drafter = tiny_drafter(model)
+    bound = tiny_adapter(model, pool_size=32).bind(model.embed_tokens.weight, model.lm_head.weight, children=4)
+    prompt, budget, depth = sequence(9).tolist(), 32, drafter.cfg.block_size - 1
+    accepted = 0
+    for method in ("chain", "ddtree", "weaver", "weaver_chain"):
+        adapter = bound if method.startswith("weaver") else None
+        source = make_source(method, model, drafter=drafter, adapter=adapter)
+        out = generate(model, prompt, source=source, budget=budget, max_new_tokens=40)
+        ids = torch.tensor(prompt + out.output_ids)
+        roots = [len(prompt)]  # step k is rooted at its first uncommitted token x_L
+        for length in out.stats.accept_lengths[:-1]:
+            roots.append(roots[-1] + length)
+        steps = [(r, a) for r, a in zip(roots, out.stats.accept_lengths, strict=True) if r + depth < ids.numel()]
+        drafts = draft_sequence(model, drafter, ids, [r for r, _ in steps])
+        got = tree_acceptance(drafts, (method,), budget, adapter)[method]
+        assert got.tolist() == [a - 1 for _, a in steps], method
+        accepted += int(got.sum())
+    assert len(set(ids.tolist())) > 5 and accepted > 0  # varied truth, accepted paths as well as misses
+
+
+def test_chain_tree_accepts_the_leading_argmax_hits(setup) -> None:
+    model, drafter = setup
+    ids, anchors = sequence(30), [3, 8, 12, 20]
+    drafts = draft_sequence(model, drafter, ids, anchors)
+    acc = sequence_acceptance(model, drafter, None, ids, anchors, temperature=0.0, drafts=drafts)
+    chain = tree_acceptance(drafts, ("chain",), budget=64, adapter=None)["chain"]
+    for row in range(len(anchors)):
+        hits = acc["argmax"][row].tolist()
+        leading = hits.index(0.0) if 0.0 in hits else len(hits)
+        assert chain[row] == leading
+
+
+def test_weaver_trees_stay_within_the_pool_bound(setup) -> None:
+    model, drafter = setup
+    embed, lm_head = model.embed_tokens.weight, model.lm_head.weight
+    ids, anchors = sequence(30), list(range(2, 24, 3))
+    drafts = draft_sequence(model, drafter, ids, anchors)
+    narrow = tiny_adapter(model, pool_size=4, residual=0.5).bind(embed, lm_head, children=4)
+    result = tree_acceptance(drafts, ("weaver", "weaver_chain"), budget=16, adapter=narrow)
+    assert (result["weaver"] <= result[POOL_BOUND]).all() and (result["weaver_chain"] <= result[POOL_BOUND]).all()
+    assert result[POOL_BOUND].sum() < len(anchors) * (drafter.cfg.block_size - 1)  # a 4-token pool misses somewhere
+    full = tiny_adapter(model, pool_size=model.config.vocab_size, residual=0.5).bind(embed, lm_head)
+    bound = tree_acceptance(drafts, (), budget=16, adapter=full)[POOL_BOUND]
+    assert bound.tolist() == [len(drafts.truth(row)) for row in range(len(anchors))]  # every token is in the pool
+
+
+def test_accepted_drafts_walks_the_matching_branch() -> None:
+    #        0:root -> 1:a(5) -> 3:c(7)
+    #               -> 2:b(6) -> 4:d(8) -> 5:e(9)
+    tree = Tree.from_lists([1, 5, 6, 7, 8, 9], [-1, 0, 0, 1, 2, 4], [0.0] * 6)
+    assert accepted_drafts(tree, [6, 8, 9, 4]) == 3
+    assert accepted_drafts(tree, [5, 8]) == 1
+    assert accepted_drafts(tree, [4]) == 0
+    assert accepted_drafts(tree, []) == 0
+
+
+def test_evaluate_adds_tree_rows_at_temperature_0_only(setup, tmp_path) -> None:
+    model, drafter = setup
+    embed, lm_head = model.embed_tokens.weight, model.lm_head.weight
+    spec = TreeSpec(("chain", "ddtree", "weaver"), 16, tiny_adapter(model, 16, 0.5).bind(embed, lm_head, children=4))
+    prompts = [sequence(7).tolist(), sequence(9).tolist()]
+    hot = evaluate(model, drafter, None, prompts, 1.0, max_new_tokens=10, anchors_per_seq=4, eos_id=None, trees=spec)
+    assert tree_rows_for("tiny", "synthetic", spec, hot) == []
+    cold = evaluate(model, drafter, None, prompts, 0.0, max_new_tokens=10, anchors_per_seq=4, eos_id=None, trees=spec)
+    rows = tree_rows_for("tiny", "synthetic", spec, cold)
+    assert [r.method for r in rows] == ["chain", "ddtree", "weaver", POOL_BOUND]
+    assert all(r.tau >= 1.0 and r.n == int(cold["tree_n"]) > 0 and r.budget == 16 for r in rows)
+    write_csv(tmp_path / "trees.csv", rows, TREE_FIELDS)
+    with (tmp_path / "trees.csv").open() as f:
+        assert [row["method"] for row in csv.DictReader(f)] == ["chain", "ddtree", "weaver", POOL_BOUND]
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["--trees", "ddtree"], "--trees-out"),
+        (["--trees-out", "t.csv"], "needs --trees"),
+        (["--trees", "ddtree", "--trees-out", "t.csv", "--temperatures", "1"], "temperature 0"),
+        (["--trees", "weaver", "--trees-out", "t.csv"], "--adapter"),
+    ],
+)
+def test_tree_options_are_checked_before_loading(argv, message) -> None:
+    args = build_parser().parse_args(["--model", "m", "--drafter", "d", "--out", "o.csv", *argv])
+    with pytest.raises(SystemExit, match=message):
+        check_tree_args(args)

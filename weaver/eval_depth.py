@@ -14,6 +14,12 @@ target's conditional p(. | x_<L+d) with the ground-truth continuation as prefix:
 p is the target after temperature (one-hot on its argmax at temperature 0). These are the acceptance probabilities of
 one draft at depth d given that depths < d were accepted; the paper's observation is that `argmax` beats `sample`
 from depth 2-4 on, even at temperature 1, and Weaver's path-conditioned drafts stay above both.
+
+With --trees (temperature 0 only), the same anchors also score whole draft trees: a builder's tree rooted at x_L
+accepts the longest root path that spells the target's greedy continuation x_{L+1}, x_{L+2}, ..., which is exactly what
+the engine accepts at temperature 0 in a step rooted there; tau = 1 + accepted drafts, averaged over anchors (not over
+engine steps). With an adapter, `pool_bound` is the longest prefix whose every token lies in its depth's top-K drafter
+pool: no Weaver tree built on those pools can accept more, and a perfect adapter's chain reaches it.
 """
 
 from __future__ import annotations
@@ -28,13 +34,18 @@ from typing import Any
 
 import torch
 
-from weaver.adapter import Weaver, candidate_pools
+from weaver.adapter import BoundAdapter, Weaver, candidate_pools
+from weaver.builders import BUILDERS, build_tree
+from weaver.drafter import DraftBlock
 from weaver.sampling import SamplingParams, target_probs
 from weaver.training.adapter import draft_at_anchors, teacher_forced_logits
 from weaver.training.features import regenerate
+from weaver.tree import Tree
 
 DRAFTS = ("argmax", "sample", "weaver_argmax", "weaver_sample")
 FIELDS = ("model", "dataset", "temperature", "depth", "draft", "acceptance", "n")
+POOL_BOUND = "pool_bound"
+TREE_FIELDS = ("model", "dataset", "method", "budget", "children", "tau", "n")
 
 
 @dataclass(frozen=True)
@@ -50,6 +61,62 @@ class DepthRow:
     n: int
 
 
+@dataclass(frozen=True)
+class TreeRow:
+    """Teacher-forced tau = 1 + mean accepted drafts of one builder over n anchors at temperature 0.
+
+    children: the Weaver builders' fan-out (0 without an adapter); method POOL_BOUND is the perfect-adapter bound.
+    """
+
+    model: str
+    dataset: str
+    method: str
+    budget: int
+    children: int
+    tau: float
+    n: int
+
+
+@dataclass(frozen=True)
+class TreeSpec:
+    """Builders scored on whole trees (temperature 0), their budget, and the bound adapter the weaver builders need."""
+
+    methods: tuple[str, ...]
+    budget: int
+    adapter: BoundAdapter | None = None
+
+
+@dataclass(frozen=True)
+class Drafts:
+    """The drafter's blocks at A anchors L of one sequence ids [T] (root x_L; context x_<L), teacher-forced.
+
+    target_logits: [T, V] the target's logits over ids; logits: [A, D, V] drafter marginals; proposal: [A, D, d_model]
+    drafter hidden; target_hidden: [A, d_model] the target's last-layer output at L - 1.
+    """
+
+    ids: torch.Tensor
+    anchors: list[int]
+    target_logits: torch.Tensor
+    logits: torch.Tensor
+    proposal: torch.Tensor
+    target_hidden: torch.Tensor
+
+    def truth(self, row: int) -> list[int]:
+        """The target's continuation x_{L+1}, ..., x_{L+D} after anchor `row` (shorter at the end of the sequence)."""
+        start = self.anchors[row] + 1
+        return self.ids[start : start + self.logits.shape[1]].tolist()
+
+
+@torch.no_grad()
+def draft_sequence(model: Any, drafter: Any, ids: torch.Tensor, anchors: Sequence[int]) -> Drafts:
+    """One target forward over ids [T] and the drafter's blocks at every anchor."""
+    out = model(ids[None], cache=None, hidden_layers=drafter.hidden_layers)
+    example = {"ids": ids, "hidden": out.hidden[0]}
+    embed, lm_head = model.embed_tokens.weight.float(), model.lm_head.weight.float()
+    logits, proposal, target_hidden = draft_at_anchors(drafter, example, list(anchors), embed, lm_head)
+    return Drafts(ids, list(anchors), out.logits[0], logits, proposal, target_hidden)
+
+
 @torch.no_grad()
 def sequence_acceptance(
     model: Any,
@@ -58,21 +125,21 @@ def sequence_acceptance(
     ids: torch.Tensor,
     anchors: Sequence[int],
     temperature: float,
+    drafts: Drafts | None = None,
 ) -> dict[str, torch.Tensor]:
     """Per-anchor, per-depth acceptance of each draft kind on one sequence ids [T].
 
     Returns {draft: [A, D] acceptance} plus "valid" [A, D] (the target's conditional at L + d - 1 exists: L + d <= T).
+    drafts: draft_sequence(model, drafter, ids, anchors) when the caller already has it.
     """
-    out = model(ids[None], cache=None, hidden_layers=drafter.hidden_layers)
-    example = {"ids": ids, "hidden": out.hidden[0]}
-    embed, lm_head = model.embed_tokens.weight.float(), model.lm_head.weight.float()
-    logits, proposal, target_hidden = draft_at_anchors(drafter, example, list(anchors), embed, lm_head)
+    drafts = drafts or draft_sequence(model, drafter, ids, anchors)
+    logits = drafts.logits
     depth = logits.shape[1]
     # depth d (index d - 1) is scored by the target's conditional at position L + d - 1
-    pos = torch.tensor(anchors)[:, None] + torch.arange(depth)
+    pos = torch.tensor(drafts.anchors)[:, None] + torch.arange(depth)
     valid = pos < ids.numel()
     pos = pos.clamp(max=ids.numel() - 1)
-    p = target_probs(out.logits[0].float(), SamplingParams(temperature=temperature))[pos].float()  # [A, D, V]
+    p = target_probs(drafts.target_logits.float(), SamplingParams(temperature=temperature))[pos].float()  # [A, D, V]
     q = torch.softmax(logits.float(), dim=-1)
     result = {
         "argmax": p.gather(-1, q.argmax(-1, keepdim=True))[..., 0],
@@ -80,13 +147,52 @@ def sequence_acceptance(
         "valid": valid,
     }
     if adapter is not None:
+        embed, lm_head = model.embed_tokens.weight.float(), model.lm_head.weight.float()
         pools = candidate_pools(logits, adapter.config.candidate_pool_size)
-        w_logits = teacher_forced_logits(adapter, target_hidden, proposal, ids[pos], pools, embed, lm_head)
+        chains = ids[pos]
+        w_logits = teacher_forced_logits(adapter, drafts.target_hidden, drafts.proposal, chains, pools, embed, lm_head)
         w = torch.softmax(w_logits.float(), dim=-1)
         p_pool = p.gather(-1, pools.ids.long())
         result["weaver_argmax"] = p_pool.gather(-1, w.argmax(-1, keepdim=True))[..., 0]
         result["weaver_sample"] = (w * p_pool).sum(-1)
     return result
+
+
+def accepted_drafts(tree: Tree, truth: Sequence[int]) -> int:
+    """Drafts a greedy verifier accepts when the target continues with `truth`: the longest root path spelling it."""
+    node = 0
+    for depth, token in enumerate(truth):
+        match = [child for child in tree.children(node) if int(tree.tokens[child]) == token]
+        if not match:
+            return depth
+        node = match[0]
+    return len(truth)
+
+
+def pool_prefix(logits: torch.Tensor, truth: Sequence[int], pool_size: int) -> int:
+    """Longest d with each of truth[0..d-1] in the top-`pool_size` pool of its depth's marginal (logits [D, V])."""
+    pools = candidate_pools(logits[: len(truth)], pool_size).ids
+    hits = (pools == torch.tensor(truth, dtype=pools.dtype)[:, None]).any(-1).tolist()
+    return hits.index(False) if False in hits else len(hits)
+
+
+@torch.no_grad()
+def tree_acceptance(
+    drafts: Drafts, methods: Sequence[str], budget: int, adapter: BoundAdapter | None
+) -> dict[str, torch.Tensor]:
+    """Accepted drafts [A] per builder at temperature 0, plus POOL_BOUND [A] when an adapter is given."""
+    result: dict[str, list[int]] = {name: [] for name in methods}
+    if adapter is not None:
+        result[POOL_BOUND] = []
+    for row, anchor in enumerate(drafts.anchors):
+        block = DraftBlock(drafts.logits[row], drafts.proposal[row], drafts.target_hidden[row])
+        root, truth = int(drafts.ids[anchor]), drafts.truth(row)
+        for name in methods:
+            tree = build_tree(name, block, root, budget, adapter=adapter)
+            result[name].append(accepted_drafts(tree, truth))
+        if adapter is not None:
+            result[POOL_BOUND].append(pool_prefix(drafts.logits[row], truth, adapter.pool_size))
+    return {name: torch.tensor(values, dtype=torch.float64) for name, values in result.items()}
 
 
 def pick_anchors(prompt_len: int, length: int, count: int, generator: torch.Generator) -> list[int]:
@@ -108,24 +214,54 @@ def evaluate(
     anchors_per_seq: int,
     eos_id: int | None,
     seed: int = 0,
+    trees: TreeSpec | None = None,
 ) -> dict[str, torch.Tensor]:
-    """Mean acceptance [D] and counts [D] per draft kind over the target's continuations of `prompts`."""
+    """Mean acceptance [D] and counts [D] per draft kind over the target's continuations of `prompts`.
+
+    With `trees` at temperature 0, also "tree:<method>" (and "tree:pool_bound" with an adapter): the mean accepted
+    drafts per anchor, a 0-dim tensor, and "tree_n" the number of anchors.
+    """
     sequences = regenerate(model, prompts, max_new_tokens, [temperature], eos_id, batch_size=8, seed=seed)
     gen = torch.Generator().manual_seed(seed)
     sums: dict[str, torch.Tensor] = defaultdict(lambda: torch.zeros(drafter.cfg.block_size - 1, dtype=torch.float64))
     count = torch.zeros(drafter.cfg.block_size - 1, dtype=torch.float64)
+    tree_sums: dict[str, float] = defaultdict(float)
+    tree_n = 0
     for seq in sequences:
         anchors = pick_anchors(seq.prompt_len, len(seq.ids), anchors_per_seq, gen)
         if not anchors:
             continue
-        acc = sequence_acceptance(model, drafter, adapter, torch.tensor(seq.ids), anchors, temperature)
+        ids = torch.tensor(seq.ids)
+        drafts = draft_sequence(model, drafter, ids, anchors)
+        acc = sequence_acceptance(model, drafter, adapter, ids, anchors, temperature, drafts)
         valid = acc.pop("valid").double()
         count += valid.sum(0)
         for name, value in acc.items():
             sums[name] += (value.double() * valid).sum(0)
+        if trees is not None and temperature == 0:
+            for name, accepted in tree_acceptance(drafts, trees.methods, trees.budget, trees.adapter).items():
+                tree_sums[name] += float(accepted.sum())
+            tree_n += len(anchors)
     if not count.any():
         raise ValueError("no anchor had a continuation to score: raise --max-new-tokens or use longer prompts")
-    return {name: total / count.clamp_min(1) for name, total in sums.items()} | {"n": count}
+    result = {name: total / count.clamp_min(1) for name, total in sums.items()} | {"n": count}
+    if tree_n:
+        result |= {f"tree:{name}": torch.tensor(total / tree_n) for name, total in tree_sums.items()}
+        result["tree_n"] = torch.tensor(tree_n)
+    return result
+
+
+def tree_rows_for(model_name: str, dataset: str, spec: TreeSpec, result: dict[str, torch.Tensor]) -> list[TreeRow]:
+    """CSV rows of the teacher-forced trees of one evaluate() result (none unless it ran at temperature 0)."""
+    if "tree_n" not in result:
+        return []
+    children = spec.adapter.children if spec.adapter is not None else 0
+    n = int(result["tree_n"])
+    names = [*spec.methods, *([POOL_BOUND] if spec.adapter is not None else [])]
+    return [
+        TreeRow(model_name, dataset, name, spec.budget, children, 1.0 + float(result[f"tree:{name}"]), n)
+        for name in names
+    ]
 
 
 def rows_for(model_name: str, dataset: str, temperature: float, result: dict[str, torch.Tensor]) -> list[DepthRow]:
@@ -140,13 +276,13 @@ def rows_for(model_name: str, dataset: str, temperature: float, result: dict[str
     ]
 
 
-def write_csv(path: str | Path, rows: Sequence[DepthRow]) -> None:
+def write_csv(path: str | Path, rows: Sequence[DepthRow | TreeRow], fields: Sequence[str] = FIELDS) -> None:
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     with path.open("w", newline="") as f:
         writer = csv.writer(f)
-        writer.writerow(FIELDS)
-        writer.writerows([getattr(r, k) for k in FIELDS] for r in rows)
+        writer.writerow(fields)
+        writer.writerows([getattr(r, k) for k in fields] for r in rows)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -163,7 +299,35 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--seed", type=int, default=0, help="seed of prompt choice, continuations and anchors")
     parser.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's choice)")
     parser.add_argument("--out", required=True, help="output CSV (columns: " + ", ".join(FIELDS) + ")")
+    parser.add_argument(
+        "--trees",
+        nargs="+",
+        default=[],
+        choices=sorted(BUILDERS),
+        help="tree builders to score teacher-forced at temperature 0 (needs 0 in --temperatures and --trees-out)",
+    )
+    parser.add_argument("--budget", type=int, default=64, help="tree budget of --trees (drafted nodes)")
+    parser.add_argument("--children", type=int, default=8, help="fan-out of the weaver builders in --trees")
+    parser.add_argument(
+        "--trees-out", default=None, help="output CSV of --trees (columns: " + ", ".join(TREE_FIELDS) + ")"
+    )
     return parser
+
+
+def check_tree_args(args: argparse.Namespace) -> None:
+    """Refuse --trees settings that could not produce rows, before any model is loaded."""
+    if not args.trees:
+        if args.trees_out:
+            raise SystemExit("--trees-out needs --trees: name the builders to score (e.g. --trees ddtree weaver)")
+        return
+    if not args.trees_out:
+        raise SystemExit("--trees needs --trees-out: the CSV the tree rows are written to")
+    if 0.0 not in args.temperatures:
+        raise SystemExit("--trees scores trees at temperature 0 only: add 0 to --temperatures")
+    if any(m.startswith("weaver") for m in args.trees) and not args.adapter:
+        raise SystemExit("--trees weaver/weaver_chain needs --adapter (the Weaver checkpoint)")
+    if args.budget < 1:
+        raise SystemExit(f"--budget must be >= 1, got {args.budget}")
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -172,6 +336,7 @@ def main(argv: list[str] | None = None) -> None:
     from weaver.models import load_target
 
     args = build_parser().parse_args(argv)
+    check_tree_args(args)
     if args.threads:
         torch.set_num_threads(args.threads)
     model, tokenizer = load_target(args.model)
@@ -179,7 +344,14 @@ def main(argv: list[str] | None = None) -> None:
     drafter = load_drafter(args.drafter).eval()
     adapter = Weaver.load(args.adapter).eval() if args.adapter else None
     name = args.model_name or Path(args.model).name
-    rows = []
+    trees = None
+    if args.trees:
+        bound = None
+        if adapter is not None:
+            embed, lm_head = model.embed_tokens.weight.float(), model.lm_head.weight.float()
+            bound = adapter.bind(embed, lm_head, children=args.children)
+        trees = TreeSpec(tuple(args.trees), args.budget, bound)
+    rows, tree_rows = [], []
     for dataset in args.dataset:
         prompts = [format_prompt(tokenizer, p) for p in load_prompts(dataset, n=args.n_prompts, seed=args.seed)]
         for temperature in args.temperatures:
@@ -193,8 +365,13 @@ def main(argv: list[str] | None = None) -> None:
                 args.anchors,
                 tokenizer.eos_token_id,
                 args.seed,
+                trees,
             )
             rows += rows_for(name, dataset, temperature, result)
+            if trees is not None:
+                scored = tree_rows_for(name, dataset, trees, result)
+                tree_rows += scored
+                print(f"{dataset} trees at b{trees.budget}: " + " ".join(f"{r.method}={r.tau:.3f}" for r in scored))
             print(
                 f"{dataset} t={temperature:g}: "
                 + " ".join(
@@ -205,6 +382,9 @@ def main(argv: list[str] | None = None) -> None:
             )
     write_csv(args.out, rows)
     print(f"wrote {len(rows)} rows to {args.out}")
+    if trees is not None:
+        write_csv(args.trees_out, tree_rows, TREE_FIELDS)
+        print(f"wrote {len(tree_rows)} rows to {args.trees_out}")
 
 
 if __name__ == "__main__":
