@@ -17,9 +17,11 @@ from depth 2-4 on, even at temperature 1, and Weaver's path-conditioned drafts s
 
 With --trees (temperature 0 only), the same anchors also score whole draft trees: a builder's tree rooted at x_L
 accepts the longest root path that spells the target's greedy continuation x_{L+1}, x_{L+2}, ..., which is exactly what
-the engine accepts at temperature 0 in a step rooted there; tau = 1 + accepted drafts, averaged over anchors (not over
-engine steps). With an adapter, `pool_bound` is the longest prefix whose every token lies in its depth's top-K drafter
-pool: no Weaver tree built on those pools can accept more, and a perfect adapter's chain reaches it.
+the engine accepts at temperature 0 in a step rooted there; tau = 1 + accepted drafts, averaged over anchors. That
+is not a benchmark's tokens / steps: a step that accepts a tokens skips the next a - 1 positions, so the engine weighs
+stretches of long acceptance less than uniform anchors do; compare builders on the same anchors. With an adapter,
+`pool_bound` is the longest prefix whose every token lies in its depth's top-K drafter pool: no Weaver tree built on
+those pools can accept more, and a perfect adapter's chain reaches it.
 """
 
 from __future__ import annotations
