@@ -164,6 +164,16 @@ def test_chain_tree_accepts_the_leading_argmax_hits(setup) -> None:
         assert chain[row] == leading
 
 
+def test_drafts_of_another_sequence_are_refused(setup) -> None:
+    model, drafter = setup
+    ids = sequence(30)
+    drafts = draft_sequence(model, drafter, ids, [3, 8])
+    with pytest.raises(ValueError, match="other ids or anchors"):
+        sequence_acceptance(model, drafter, None, ids, [3, 9], temperature=0.0, drafts=drafts)
+    with pytest.raises(ValueError, match="other ids or anchors"):
+        sequence_acceptance(model, drafter, None, ids.flip(0), [3, 8], temperature=0.0, drafts=drafts)
+
+
 def test_weaver_trees_stay_within_the_pool_bound(setup) -> None:
     model, drafter = setup
     embed, lm_head = model.embed_tokens.weight, model.lm_head.weight

@@ -134,7 +134,10 @@ def sequence_acceptance(
     Returns {draft: [A, D] acceptance} plus "valid" [A, D] (the target's conditional at L + d - 1 exists: L + d <= T).
     drafts: draft_sequence(model, drafter, ids, anchors) when the caller already has it.
     """
-    drafts = drafts or draft_sequence(model, drafter, ids, anchors)
+    if drafts is None:
+        drafts = draft_sequence(model, drafter, ids, anchors)
+    elif drafts.anchors != list(anchors) or not torch.equal(drafts.ids, ids):
+        raise ValueError("drafts were made for other ids or anchors: pass draft_sequence(model, drafter, ids, anchors)")
     logits = drafts.logits
     depth = logits.shape[1]
     # depth d (index d - 1) is scored by the target's conditional at position L + d - 1
