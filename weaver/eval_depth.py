@@ -43,6 +43,7 @@ from weaver.sampling import SamplingParams, target_probs
 from weaver.training.adapter import draft_at_anchors, teacher_forced_logits
 from weaver.training.features import regenerate
 from weaver.tree import Tree
+from weaver.verify import child_by_token
 
 DRAFTS = ("argmax", "sample", "weaver_argmax", "weaver_sample")
 FIELDS = ("model", "dataset", "temperature", "depth", "draft", "acceptance", "n")
@@ -167,10 +168,9 @@ def accepted_drafts(tree: Tree, truth: Sequence[int]) -> int:
     """Drafts a greedy verifier accepts when the target continues with `truth`: the longest root path spelling it."""
     node = 0
     for depth, token in enumerate(truth):
-        match = [child for child in tree.children(node) if int(tree.tokens[child]) == token]
-        if not match:
+        node = child_by_token(tree, node).get(token)
+        if node is None:
             return depth
-        node = match[0]
     return len(truth)
 
 

@@ -105,7 +105,8 @@ def accept(
     return Acceptance(path=path, bonus=bonus, tokens=tree.tokens[path[1:]].tolist() + [bonus])
 
 
-def _child_by_token(tree: Tree, node: int) -> dict[int, int]:
+def child_by_token(tree: Tree, node: int) -> dict[int, int]:
+    """{token: child index} of `node`'s children (siblings carry distinct tokens)."""
     return {int(tree.tokens[c]): c for c in tree.children(node)}
 
 
@@ -113,7 +114,7 @@ def _greedy(tree: Tree, logits: torch.Tensor) -> tuple[list[int], int]:
     """Follow the target's argmax while a child carries it (filters never move the argmax)."""
     argmax = logits.argmax(-1).tolist()
     path = [0]
-    while (child := _child_by_token(tree, path[-1]).get(argmax[path[-1]])) is not None:
+    while (child := child_by_token(tree, path[-1]).get(argmax[path[-1]])) is not None:
         path.append(child)
     return path, argmax[path[-1]]
 
@@ -123,7 +124,7 @@ def _sample_and_match(tree: Tree, probs: RowProbs, chooser: Chooser) -> tuple[li
     path = [0]
     while True:
         y = chooser.choose(probs(path[-1]))
-        child = _child_by_token(tree, path[-1]).get(y)
+        child = child_by_token(tree, path[-1]).get(y)
         if child is None:
             return path, y
         path.append(child)
