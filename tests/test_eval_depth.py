@@ -8,7 +8,8 @@ import pytest
 import torch
 from tiny_models import tiny_adapter, tiny_drafter, tiny_hf_model
 
-from weaver.drafter import Drafter, DrafterConfig, build_target_layer_ids
+from weaver.builders import build_tree
+from weaver.drafter import DraftBlock, Drafter, DrafterConfig, build_target_layer_ids
 from weaver.eval_depth import (
     POOL_BOUND,
     TREE_FIELDS,
@@ -22,11 +23,14 @@ from weaver.eval_depth import (
     rows_for,
     sequence_acceptance,
     tree_acceptance,
+    tree_expected_acceptance,
     tree_rows_for,
     write_csv,
 )
 from weaver.models import from_hf_model
+from weaver.sampling import SamplingParams
 from weaver.tree import Tree
+from weaver.verify import expected_accepted
 
 
 @pytest.fixture(scope="module")
@@ -198,20 +202,84 @@ def test_accepted_drafts_walks_the_matching_branch() -> None:
     assert accepted_drafts(tree, []) == 0
 
 
-def test_evaluate_adds_tree_rows_at_temperature_0_only(setup, tmp_path) -> None:
+def test_evaluate_adds_tree_rows_at_every_temperature(setup, tmp_path) -> None:
     model, drafter = setup
     embed, lm_head = model.embed_tokens.weight, model.lm_head.weight
     spec = TreeSpec(("chain", "ddtree", "weaver"), 16, tiny_adapter(model, 16, 0.5).bind(embed, lm_head, children=4))
     prompts = [sequence(7).tolist(), sequence(9).tolist()]
-    hot = evaluate(model, drafter, None, prompts, 1.0, max_new_tokens=10, anchors_per_seq=4, eos_id=None, trees=spec)
-    assert tree_rows_for("tiny", "synthetic", spec, hot) == []
-    cold = evaluate(model, drafter, None, prompts, 0.0, max_new_tokens=10, anchors_per_seq=4, eos_id=None, trees=spec)
-    rows = tree_rows_for("tiny", "synthetic", spec, cold)
-    assert [r.method for r in rows] == ["chain", "ddtree", "weaver", POOL_BOUND]
-    assert all(r.tau >= 1.0 and r.n == int(cold["tree_n"]) > 0 and r.budget == 16 for r in rows)
+    rows = []
+    for temperature in (0.0, 1.0):
+        result = evaluate(model, drafter, None, prompts, temperature, 10, anchors_per_seq=4, eos_id=None, trees=spec)
+        rows += tree_rows_for("tiny", "synthetic", temperature, spec, result)
+        assert all(r.n == int(result["tree_n"]) > 0 for r in rows if r.temperature == temperature)
+    # the pool bound is a temperature-0 quantity (the longest prefix of one continuation)
+    assert [(r.temperature, r.method) for r in rows] == [
+        (0.0, "chain"),
+        (0.0, "ddtree"),
+        (0.0, "weaver"),
+        (0.0, POOL_BOUND),
+        (1.0, "chain"),
+        (1.0, "ddtree"),
+        (1.0, "weaver"),
+    ]
+    assert all(r.tau >= 1.0 and r.budget == 16 for r in rows)
+    assert (
+        evaluate(model, drafter, None, prompts, 1.0, 10, anchors_per_seq=4, eos_id=None)
+        .keys()
+        .isdisjoint({"tree_n", "tree:chain"})
+    )
     write_csv(tmp_path / "trees.csv", rows, TREE_FIELDS)
     with (tmp_path / "trees.csv").open() as f:
-        assert [row["method"] for row in csv.DictReader(f)] == ["chain", "ddtree", "weaver", POOL_BOUND]
+        table = list(csv.DictReader(f))
+    assert [(float(row["temperature"]), row["method"]) for row in table] == [(r.temperature, r.method) for r in rows]
+
+
+@pytest.mark.parametrize("family", ["llama", "qwen3_next"])
+def test_expected_tree_acceptance_matches_dense_forwards_of_every_node(family: str) -> None:
+    """At temperature > 0 each tree is verified on a cache walked anchor to anchor; the reference runs the target
+    without a cache on x_<L followed by each node's root path, so a cache that lags or leads the anchor, or a GDN
+    state carried across anchors wrongly, changes the scores."""
+    torch.manual_seed(0)
+    model = from_hf_model(tiny_hf_model(family)).eval()
+    drafter = tiny_drafter(model)
+    bound = tiny_adapter(model, pool_size=16, residual=0.5).bind(model.embed_tokens.weight, model.lm_head.weight)
+    ids, anchors, budget = sequence(24), [9, 10, 15, 20], 8
+    params = SamplingParams(temperature=1.0)
+    drafts = draft_sequence(model, drafter, ids, anchors)
+    got = tree_expected_acceptance(model, drafts, ("ddtree", "weaver"), budget, bound, params)
+    for row, anchor in enumerate(anchors):
+        block = DraftBlock(drafts.logits[row], drafts.proposal[row], drafts.target_hidden[row])
+        for name in ("ddtree", "weaver"):
+            tree = build_tree(name, block, int(ids[anchor]), budget, adapter=bound)
+            with torch.no_grad():
+                logits = torch.stack(
+                    [
+                        model(torch.cat([ids[:anchor], tree.tokens[tree.path_to(v)]])[None]).logits[0, -1]
+                        for v in range(tree.num_nodes)
+                    ]
+                )
+            assert got[name][row].item() == pytest.approx(expected_accepted(tree, logits, params), rel=1e-4, abs=1e-7)
+    assert (got["ddtree"] > 0).all()
+
+
+def test_expected_tree_acceptance_at_temperature_0_is_the_greedy_walk() -> None:
+    """On the target's own greedy continuation, the verified trees' one-hot expectation equals the truth walk."""
+    from weaver.generate import generate
+
+    torch.manual_seed(0)
+    model = from_hf_model(tiny_hf_model("qwen3_next")).eval()
+    drafter = tiny_drafter(model)
+    bound = tiny_adapter(model, pool_size=32).bind(model.embed_tokens.weight, model.lm_head.weight, children=4)
+    prompt = sequence(9).tolist()
+    ids = torch.tensor(prompt + generate(model, prompt, max_new_tokens=30).output_ids)
+    anchors = list(range(len(prompt), ids.numel() - drafter.cfg.block_size, 3))
+    drafts = draft_sequence(model, drafter, ids, anchors)
+    methods = ("chain", "ddtree", "weaver")
+    walk = tree_acceptance(drafts, methods, 16, bound)
+    verified = tree_expected_acceptance(model, drafts, methods, 16, bound, SamplingParams())
+    for name in methods:
+        assert verified[name].tolist() == walk[name].tolist(), name
+    assert sum(float(walk[name].sum()) for name in methods) > 0
 
 
 @pytest.mark.parametrize(
@@ -219,7 +287,6 @@ def test_evaluate_adds_tree_rows_at_temperature_0_only(setup, tmp_path) -> None:
     [
         (["--trees", "ddtree"], "--trees-out"),
         (["--trees-out", "t.csv"], "needs --trees"),
-        (["--trees", "ddtree", "--trees-out", "t.csv", "--temperatures", "1"], "temperature 0"),
         (["--trees", "weaver", "--trees-out", "t.csv"], "--adapter"),
     ],
 )

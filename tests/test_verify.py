@@ -21,7 +21,7 @@ from scipy.stats import chisquare
 
 from weaver.sampling import GeneratorChooser, SamplingParams, target_probs
 from weaver.tree import Tree, TreeError
-from weaver.verify import accept, truncate_at_eos
+from weaver.verify import accept, expected_accepted, truncate_at_eos
 
 V = 5
 ROOT = 1
@@ -185,21 +185,29 @@ def test_sampling_is_exactly_the_target(mode: str, tree: Tree, params: SamplingP
     assert total_variation(got, want) < 1e-12
 
 
-@pytest.mark.parametrize("tree", [TREES["guided-binary"], TREES["random7"]], ids=["guided-binary", "random7"])
+@pytest.mark.parametrize("params", SAMPLING.values(), ids=SAMPLING.keys())
+@pytest.mark.parametrize("tree", TREES.values(), ids=TREES.keys())
 @pytest.mark.parametrize("mode", ["target_only", "traversal"])
-def test_expected_acceptance_is_the_optimum_for_a_fixed_tree(mode: str, tree: Tree) -> None:
+def test_expected_acceptance_is_the_optimum_for_a_fixed_tree(mode: str, tree: Tree, params: SamplingParams) -> None:
     """Both rules accept the longest tree prefix of an exact target sample (a dropped child's token is never the
-    bonus), so E[accepted drafts] = sum over drafted nodes v of p_target(path to v): the best any lossless rule can do
-    on a fixed tree. Also an acceptance floor: speculation that silently accepts nothing fails here."""
-    params = SAMPLING["t1"]
+    bonus), so E[accepted drafts] = sum over drafted nodes v of p_target(path to v) (`expected_accepted`): the best any
+    lossless rule can do on a fixed tree. Also an acceptance floor: speculation that silently accepts nothing fails."""
     outcomes = enumerate_acceptance(tree, tree_logits(tree), params, mode)
     got = sum(p * (len(tokens) - 1) for tokens, p in outcomes.items())
-    probs = target_probs(tree_logits(tree), params)
-    reach = [1.0] + [0.0] * (tree.num_nodes - 1)  # p_target(path root..v)
-    for v in range(1, tree.num_nodes):
-        reach[v] = reach[int(tree.parents[v])] * probs[int(tree.parents[v]), int(tree.tokens[v])].item()
-    assert got == pytest.approx(sum(reach[1:]), abs=1e-12)
-    assert tree is not TREES["guided-binary"] or got > 2.0
+    assert got == pytest.approx(expected_accepted(tree, tree_logits(tree), params), abs=1e-12)
+    assert tree is not TREES["guided-binary"] or params is not SAMPLING["t1"] or got > 2.0
+
+
+@pytest.mark.parametrize("tree", TREES.values(), ids=TREES.keys())
+def test_expected_acceptance_at_temperature_zero_is_the_greedy_length(tree: Tree) -> None:
+    logits = tree_logits(tree)
+    assert expected_accepted(tree, logits, SamplingParams()) == accept(tree, logits).num_accepted
+
+
+def test_expected_acceptance_rejects_mismatched_logits() -> None:
+    tree = TREES["random7"]
+    with pytest.raises(ValueError, match="one row per tree node"):
+        expected_accepted(tree, tree_logits(tree)[:-1], SAMPLING["t1"])
 
 
 def naive_token_rule(tree: Tree, logits: torch.Tensor, params: SamplingParams, chooser: ScriptedChooser) -> list[int]:

@@ -15,13 +15,15 @@ p is the target after temperature (one-hot on its argmax at temperature 0). Thes
 one draft at depth d given that depths < d were accepted; the paper's observation is that `argmax` beats `sample`
 from depth 2-4 on, even at temperature 1, and Weaver's path-conditioned drafts stay above both.
 
-With --trees (temperature 0 only), the same anchors also score whole draft trees: a builder's tree rooted at x_L
-accepts the longest root path that spells the target's greedy continuation x_{L+1}, x_{L+2}, ..., which is exactly what
-the engine accepts at temperature 0 in a step rooted there; tau = 1 + accepted drafts, averaged over anchors. That
-is not a benchmark's tokens / steps: a step that accepts a tokens skips the next a - 1 positions, so the engine weighs
-stretches of long acceptance less than uniform anchors do; compare builders on the same anchors. With an adapter,
-`pool_bound` is the longest prefix whose every token lies in its depth's top-K drafter pool: no Weaver tree built on
-those pools can accept more, and a perfect adapter's chain reaches it.
+With --trees, the same anchors also score whole draft trees. At temperature 0 a builder's tree rooted at x_L accepts
+the longest root path that spells the target's greedy continuation x_{L+1}, x_{L+2}, ..., which is exactly what the
+engine accepts in a step rooted there. At temperature > 0 the target verifies the tree on the context x_<L and the
+score is the step's expected accepted drafts, sum over drafted nodes v of p(path to v) (verify.expected_accepted:
+exact for target_only and traversal, no sampling noise within a step). tau = 1 + accepted drafts, averaged over
+anchors. That is not a benchmark's tokens / steps: a step that accepts a tokens skips the next a - 1 positions, so
+the engine weighs stretches of long acceptance less than uniform anchors do; compare builders on the same anchors.
+With an adapter and at temperature 0, `pool_bound` is the longest prefix whose every token lies in its depth's top-K
+drafter pool: no Weaver tree built on those pools can accept more, and a perfect adapter's chain reaches it.
 """
 
 from __future__ import annotations
@@ -43,12 +45,12 @@ from weaver.sampling import SamplingParams, target_probs
 from weaver.training.adapter import draft_at_anchors, teacher_forced_logits
 from weaver.training.features import regenerate
 from weaver.tree import Tree
-from weaver.verify import child_by_token
+from weaver.verify import child_by_token, expected_accepted
 
 DRAFTS = ("argmax", "sample", "weaver_argmax", "weaver_sample")
 FIELDS = ("model", "dataset", "temperature", "depth", "draft", "acceptance", "n")
 POOL_BOUND = "pool_bound"
-TREE_FIELDS = ("model", "dataset", "method", "budget", "children", "tau", "n")
+TREE_FIELDS = ("model", "dataset", "temperature", "method", "budget", "children", "tau", "n")
 
 
 @dataclass(frozen=True)
@@ -66,13 +68,14 @@ class DepthRow:
 
 @dataclass(frozen=True)
 class TreeRow:
-    """Teacher-forced tau = 1 + mean accepted drafts of one builder over n anchors at temperature 0.
+    """Teacher-forced tau = 1 + mean (expected, at temperature > 0) accepted drafts of one builder over n anchors.
 
     children: the Weaver builders' fan-out (0 without an adapter); method POOL_BOUND is the perfect-adapter bound.
     """
 
     model: str
     dataset: str
+    temperature: float
     method: str
     budget: int
     children: int
@@ -82,7 +85,7 @@ class TreeRow:
 
 @dataclass(frozen=True)
 class TreeSpec:
-    """Builders scored on whole trees (temperature 0), their budget, and the bound adapter the weaver builders need."""
+    """Builders scored on whole trees, their budget, and the bound adapter the weaver builders need."""
 
     methods: tuple[str, ...]
     budget: int
@@ -200,6 +203,35 @@ def tree_acceptance(
     return {name: torch.tensor(values, dtype=torch.float64) for name, values in result.items()}
 
 
+@torch.no_grad()
+def tree_expected_acceptance(
+    model: Any,
+    drafts: Drafts,
+    methods: Sequence[str],
+    budget: int,
+    adapter: BoundAdapter | None,
+    params: SamplingParams,
+) -> dict[str, torch.Tensor]:
+    """Expected accepted drafts [A] per builder: each tree rooted at x_L is verified by the target on x_<L.
+
+    One cache walks the sequence anchor to anchor (committing x_<L as a chain, then verifying every builder's tree
+    and discarding it), so attention and GDN targets both see exactly the context the engine has at that root.
+    """
+    ids = drafts.ids
+    cache = model.new_cache(max_seq_len=ids.numel(), max_tree_nodes=budget + 1)
+    result: dict[str, list[float]] = {name: [] for name in methods}
+    for row, anchor in enumerate(drafts.anchors):
+        if anchor > cache.seq_len:
+            model(ids[None, cache.seq_len : anchor], cache=cache)
+        block = DraftBlock(drafts.logits[row], drafts.proposal[row], drafts.target_hidden[row])
+        for name in methods:
+            tree = build_tree(name, block, int(ids[anchor]), budget, adapter=adapter)
+            logits = model.verify(tree, cache).logits[0].float().cpu()
+            cache.discard_pending()
+            result[name].append(expected_accepted(tree, logits, params))
+    return {name: torch.tensor(values, dtype=torch.float64) for name, values in result.items()}
+
+
 def pick_anchors(prompt_len: int, length: int, count: int, generator: torch.Generator) -> list[int]:
     """Up to `count` sorted anchors L with the root x_L in [prompt_len - 1, length - 2] (drafts in the continuation)."""
     low, high = max(1, prompt_len - 1), length - 2
@@ -223,8 +255,8 @@ def evaluate(
 ) -> dict[str, torch.Tensor]:
     """Mean acceptance [D] and counts [D] per draft kind over the target's continuations of `prompts`.
 
-    With `trees` at temperature 0, also "tree:<method>" (and "tree:pool_bound" with an adapter): the mean accepted
-    drafts per anchor, a 0-dim tensor, and "tree_n" the number of anchors.
+    With `trees`, also "tree:<method>" (and at temperature 0 "tree:pool_bound" with an adapter): the mean accepted
+    drafts per anchor (expected, at temperature > 0), a 0-dim tensor, and "tree_n" the number of anchors.
     """
     sequences = regenerate(model, prompts, max_new_tokens, [temperature], eos_id, batch_size=8, seed=seed)
     gen = torch.Generator().manual_seed(seed)
@@ -243,8 +275,13 @@ def evaluate(
         count += valid.sum(0)
         for name, value in acc.items():
             sums[name] += (value.double() * valid).sum(0)
-        if trees is not None and temperature == 0:
-            for name, accepted in tree_acceptance(drafts, trees.methods, trees.budget, trees.adapter).items():
+        if trees is not None:
+            if temperature == 0:
+                scored = tree_acceptance(drafts, trees.methods, trees.budget, trees.adapter)
+            else:
+                params = SamplingParams(temperature=temperature)
+                scored = tree_expected_acceptance(model, drafts, trees.methods, trees.budget, trees.adapter, params)
+            for name, accepted in scored.items():
                 tree_sums[name] += float(accepted.sum())
             tree_n += len(anchors)
     if not count.any():
@@ -256,15 +293,17 @@ def evaluate(
     return result
 
 
-def tree_rows_for(model_name: str, dataset: str, spec: TreeSpec, result: dict[str, torch.Tensor]) -> list[TreeRow]:
-    """CSV rows of the teacher-forced trees of one evaluate() result (none unless it ran at temperature 0)."""
+def tree_rows_for(
+    model_name: str, dataset: str, temperature: float, spec: TreeSpec, result: dict[str, torch.Tensor]
+) -> list[TreeRow]:
+    """CSV rows of the teacher-forced trees of one evaluate() result at `temperature` (none if it ran without trees)."""
     if "tree_n" not in result:
         return []
     children = spec.adapter.children if spec.adapter is not None else 0
     n = int(result["tree_n"])
-    names = [*spec.methods, *([POOL_BOUND] if spec.adapter is not None else [])]
+    names = [name for name in (*spec.methods, POOL_BOUND) if f"tree:{name}" in result]
     return [
-        TreeRow(model_name, dataset, name, spec.budget, children, 1.0 + float(result[f"tree:{name}"]), n)
+        TreeRow(model_name, dataset, temperature, name, spec.budget, children, 1.0 + float(result[f"tree:{name}"]), n)
         for name in names
     ]
 
@@ -309,7 +348,7 @@ def build_parser() -> argparse.ArgumentParser:
         nargs="+",
         default=[],
         choices=sorted(BUILDERS),
-        help="tree builders to score teacher-forced at temperature 0 (needs 0 in --temperatures and --trees-out)",
+        help="tree builders to score teacher-forced at every --temperatures (needs --trees-out)",
     )
     parser.add_argument("--budget", type=int, default=64, help="tree budget of --trees (drafted nodes)")
     parser.add_argument("--children", type=int, default=8, help="fan-out of the weaver builders in --trees")
@@ -327,8 +366,6 @@ def check_tree_args(args: argparse.Namespace) -> None:
         return
     if not args.trees_out:
         raise SystemExit("--trees needs --trees-out: the CSV the tree rows are written to")
-    if 0.0 not in args.temperatures:
-        raise SystemExit("--trees scores trees at temperature 0 only: add 0 to --temperatures")
     if any(m.startswith("weaver") for m in args.trees) and not args.adapter:
         raise SystemExit("--trees weaver/weaver_chain needs --adapter (the Weaver checkpoint)")
     if args.budget < 1:
@@ -374,9 +411,12 @@ def main(argv: list[str] | None = None) -> None:
             )
             rows += rows_for(name, dataset, temperature, result)
             if trees is not None:
-                scored = tree_rows_for(name, dataset, trees, result)
+                scored = tree_rows_for(name, dataset, temperature, trees, result)
                 tree_rows += scored
-                print(f"{dataset} trees at b{trees.budget}: " + " ".join(f"{r.method}={r.tau:.3f}" for r in scored))
+                print(
+                    f"{dataset} t={temperature:g} trees at b{trees.budget}: "
+                    + " ".join(f"{r.method}={r.tau:.3f}" for r in scored)
+                )
             print(
                 f"{dataset} t={temperature:g}: "
                 + " ".join(

@@ -105,6 +105,33 @@ def accept(
     return Acceptance(path=path, bonus=bonus, tokens=tree.tokens[path[1:]].tolist() + [bonus])
 
 
+def expected_accepted(tree: Tree, logits: torch.Tensor, params: SamplingParams) -> float:
+    """E[accepted drafts] of one verify step on `tree` under every rule here: sum over drafted nodes v of p(path to v).
+
+    Both sampling rules accept the longest tree prefix of an exact target sample (module docstring), and greedy is
+    the one-hot case, so this is exact, with no sampling noise, for a fixed tree.
+
+    Args:
+        tree: the verified draft tree (N nodes).
+        logits: [N, V] target logits; row i is the target's next-token distribution after the path root..i.
+        params: sampling parameters (temperature 0: one-hot argmax, the greedy rule's accepted length).
+    """
+    if logits.dim() != 2 or logits.shape[0] != tree.num_nodes:
+        raise ValueError(
+            f"logits must have shape [N={tree.num_nodes}, V] (one row per tree node), got {tuple(logits.shape)}"
+        )
+    tree.validate(vocab_size=logits.shape[1])
+    if tree.num_nodes == 1:
+        return 0.0
+    parents = tree.parents[1:].long()
+    # p_target(token_v | path to parent(v)) for every drafted node v, then products down the tree (parent[v] < v)
+    step = target_probs(logits, params)[parents, tree.tokens[1:].long()].tolist()
+    reach = [1.0] * tree.num_nodes
+    for v, (parent, p) in enumerate(zip(parents.tolist(), step, strict=True), start=1):
+        reach[v] = reach[parent] * p
+    return float(sum(reach[1:]))
+
+
 def child_by_token(tree: Tree, node: int) -> dict[int, int]:
     """{token: child index} of `node`'s children (siblings carry distinct tokens)."""
     return {int(tree.tokens[c]): c for c in tree.children(node)}
