@@ -8,13 +8,16 @@ import pytest
 import torch
 from tiny_models import tiny_adapter, tiny_drafter, tiny_hf_model
 
+from weaver.adapter import candidate_pools
 from weaver.builders import build_tree
 from weaver.drafter import DraftBlock, Drafter, DrafterConfig, build_target_layer_ids
 from weaver.eval_depth import (
+    ORACLE,
     POOL_BOUND,
     TREE_FIELDS,
     TreeSpec,
     accepted_drafts,
+    best_tree_accepted,
     build_parser,
     check_tree_args,
     draft_sequence,
@@ -28,7 +31,7 @@ from weaver.eval_depth import (
     write_csv,
 )
 from weaver.models import from_hf_model
-from weaver.sampling import SamplingParams
+from weaver.sampling import SamplingParams, target_probs
 from weaver.tree import Tree
 from weaver.verify import expected_accepted
 
@@ -294,3 +297,51 @@ def test_tree_options_are_checked_before_loading(argv, message) -> None:
     args = build_parser().parse_args(["--model", "m", "--drafter", "d", "--out", "o.csv", *argv])
     with pytest.raises(SystemExit, match=message):
         check_tree_args(args)
+
+
+def best_paths_reference(model, context, budget, depth_cap, params, pools=None) -> float:
+    """Sum of the `budget` largest path probabilities over paths of depth <= depth_cap, by dense forwards without a
+    cache. A path among the best has every prefix among the best, so expanding each depth's best `budget` suffices."""
+    level, found = [((), 1.0)], []
+    for depth in range(depth_cap):
+        grown = []
+        for path, reach in level:
+            with torch.no_grad():
+                logits = model(torch.tensor([*context, *path])[None]).logits[0, -1:]
+            probs = target_probs(logits, params)[0]
+            if pools is not None:
+                allowed = pools[depth][pools[depth] >= 0]
+                probs = torch.zeros_like(probs).index_copy_(0, allowed, probs[allowed])
+            top = probs.topk(budget)
+            grown += [
+                ((*path, t), reach * p) for p, t in zip(top.values.tolist(), top.indices.tolist(), strict=True) if p > 0
+            ]
+        found += grown
+        level = sorted(grown, key=lambda x: -x[1])[:budget]
+    return sum(sorted((p for _, p in found), reverse=True)[:budget])
+
+
+@pytest.mark.parametrize("family", ["llama", "qwen3_next"])
+def test_best_tree_is_the_most_probable_paths(family: str) -> None:
+    """The oracle's best-first over cached tree verifies (with lookahead leaves) equals a dense enumeration, with and
+    without pools; every builder's tree scores at most the oracle, and a Weaver tree at most its pools' bound."""
+    torch.manual_seed(0)
+    model = from_hf_model(tiny_hf_model(family)).eval()
+    drafter = tiny_drafter(model)
+    ids, anchor, budget, depth_cap = sequence(16), 9, 10, 4
+    params = SamplingParams(temperature=0.5)
+    drafts = draft_sequence(model, drafter, ids, [anchor])
+    pools = candidate_pools(drafts.logits[0], 4).ids
+    cache = model.new_cache(max_seq_len=ids.numel(), max_tree_nodes=64)
+    model(ids[None, :anchor], cache=cache)
+    root, context = int(ids[anchor]), ids[: anchor + 1].tolist()
+    for restrict in (None, pools):
+        got = best_tree_accepted(model, cache, root, budget, depth_cap, params, restrict)
+        assert got == pytest.approx(best_paths_reference(model, context, budget, depth_cap, params, restrict), rel=1e-5)
+    assert cache.seq_len == anchor and cache.pending is None  # the oracle leaves the cache as it found it
+
+    bound = tiny_adapter(model, pool_size=4, residual=0.5).bind(model.embed_tokens.weight, model.lm_head.weight)
+    scores = tree_expected_acceptance(model, drafts, ("chain", "ddtree", "weaver"), budget, bound, params, oracle=True)
+    assert all(scores[name][0] <= scores[ORACLE][0] + 1e-9 for name in ("chain", "ddtree", "weaver", POOL_BOUND))
+    assert scores["weaver"][0] <= scores[POOL_BOUND][0] + 1e-9
+    assert scores[POOL_BOUND][0] < scores[ORACLE][0]  # 4-token pools miss mass

@@ -24,12 +24,16 @@ anchors. That is not a benchmark's tokens / steps: a step that accepts a tokens 
 the engine weighs stretches of long acceptance less than uniform anchors do; compare builders on the same anchors.
 With an adapter and at temperature 0, `pool_bound` is the longest prefix whose every token lies in its depth's top-K
 drafter pool: no Weaver tree built on those pools can accept more, and a perfect adapter's chain reaches it.
+With --oracle, `oracle` is the best tree of the budget and depth (the most probable target paths: at temperature 0
+the greedy chain), and at temperature > 0 `pool_bound` is the best tree over the adapter's pools; no drafter, or no
+Weaver adapter over those pools, can do better on the same anchors.
 """
 
 from __future__ import annotations
 
 import argparse
 import csv
+import heapq
 from collections import defaultdict
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -50,6 +54,8 @@ from weaver.verify import child_by_token, expected_accepted
 DRAFTS = ("argmax", "sample", "weaver_argmax", "weaver_sample")
 FIELDS = ("model", "dataset", "temperature", "depth", "draft", "acceptance", "n")
 POOL_BOUND = "pool_bound"
+ORACLE = "oracle"
+ORACLE_LOOKAHEAD = 16  # frontier entries whose conditionals one oracle verify also reads (exactness is unaffected)
 TREE_FIELDS = ("model", "dataset", "temperature", "method", "budget", "children", "tau", "n")
 
 
@@ -85,11 +91,13 @@ class TreeRow:
 
 @dataclass(frozen=True)
 class TreeSpec:
-    """Builders scored on whole trees, their budget, and the bound adapter the weaver builders need."""
+    """Builders scored on whole trees, their budget, the bound adapter the weaver builders need, and whether to add
+    the best possible trees (ORACLE; POOL_BOUND at temperature > 0, which always has it at temperature 0)."""
 
     methods: tuple[str, ...]
     budget: int
     adapter: BoundAdapter | None = None
+    oracle: bool = False
 
 
 @dataclass(frozen=True)
@@ -186,12 +194,15 @@ def pool_prefix(logits: torch.Tensor, truth: Sequence[int], pool_size: int) -> i
 
 @torch.no_grad()
 def tree_acceptance(
-    drafts: Drafts, methods: Sequence[str], budget: int, adapter: BoundAdapter | None
+    drafts: Drafts, methods: Sequence[str], budget: int, adapter: BoundAdapter | None, oracle: bool = False
 ) -> dict[str, torch.Tensor]:
-    """Accepted drafts [A] per builder at temperature 0, plus POOL_BOUND [A] when an adapter is given."""
+    """Accepted drafts [A] per builder at temperature 0, plus POOL_BOUND [A] when an adapter is given and, with
+    `oracle`, ORACLE [A]: the target's greedy chain, the best tree of this budget and depth."""
     result: dict[str, list[int]] = {name: [] for name in methods}
     if adapter is not None:
         result[POOL_BOUND] = []
+    if oracle:
+        result[ORACLE] = []
     for row, anchor in enumerate(drafts.anchors):
         block = DraftBlock(drafts.logits[row], drafts.proposal[row], drafts.target_hidden[row])
         root, truth = int(drafts.ids[anchor]), drafts.truth(row)
@@ -200,6 +211,8 @@ def tree_acceptance(
             result[name].append(accepted_drafts(tree, truth))
         if adapter is not None:
             result[POOL_BOUND].append(pool_prefix(drafts.logits[row], truth, adapter.pool_size))
+        if oracle:
+            result[ORACLE].append(min(budget, len(truth)))
     return {name: torch.tensor(values, dtype=torch.float64) for name, values in result.items()}
 
 
@@ -211,25 +224,89 @@ def tree_expected_acceptance(
     budget: int,
     adapter: BoundAdapter | None,
     params: SamplingParams,
+    oracle: bool = False,
 ) -> dict[str, torch.Tensor]:
     """Expected accepted drafts [A] per builder: each tree rooted at x_L is verified by the target on x_<L.
 
     One cache walks the sequence anchor to anchor (committing x_<L as a chain, then verifying every builder's tree
     and discarding it), so attention and GDN targets both see exactly the context the engine has at that root.
+    With `oracle`, also ORACLE [A] (best_tree_accepted: no tree of this budget and depth accepts more) and, with an
+    adapter, POOL_BOUND [A] (the same over the adapter's top-K drafter pools: no Weaver tree accepts more).
     """
-    ids = drafts.ids
-    cache = model.new_cache(max_seq_len=ids.numel(), max_tree_nodes=budget + 1)
-    result: dict[str, list[float]] = {name: [] for name in methods}
+    ids, depth = drafts.ids, drafts.logits.shape[1]
+    cache = model.new_cache(max_seq_len=ids.numel(), max_tree_nodes=budget + 1 + ORACLE_LOOKAHEAD)
+    names = [*methods, *([ORACLE] if oracle else []), *([POOL_BOUND] if oracle and adapter is not None else [])]
+    result: dict[str, list[float]] = {name: [] for name in names}
     for row, anchor in enumerate(drafts.anchors):
         if anchor > cache.seq_len:
             model(ids[None, cache.seq_len : anchor], cache=cache)
+        root = int(ids[anchor])
         block = DraftBlock(drafts.logits[row], drafts.proposal[row], drafts.target_hidden[row])
         for name in methods:
-            tree = build_tree(name, block, int(ids[anchor]), budget, adapter=adapter)
+            tree = build_tree(name, block, root, budget, adapter=adapter)
             logits = model.verify(tree, cache).logits[0].float().cpu()
             cache.discard_pending()
             result[name].append(expected_accepted(tree, logits, params))
+        if oracle:
+            result[ORACLE].append(best_tree_accepted(model, cache, root, budget, depth, params))
+        if oracle and adapter is not None:
+            pools = candidate_pools(drafts.logits[row], adapter.pool_size).ids
+            result[POOL_BOUND].append(best_tree_accepted(model, cache, root, budget, depth, params, pools))
     return {name: torch.tensor(values, dtype=torch.float64) for name, values in result.items()}
+
+
+@torch.no_grad()
+def best_tree_accepted(
+    model: Any,
+    cache: Any,
+    root: int,
+    budget: int,
+    depth_cap: int,
+    params: SamplingParams,
+    pools: torch.Tensor | None = None,
+) -> float:
+    """The most expected accepted drafts of any tree rooted at `root` on the cache's context: <= budget drafted nodes,
+    depth <= depth_cap, depth d's tokens in pools[d - 1] when pools [D, K] (token ids, -1 = padding) are given.
+
+    E[accepted] is the sum of the nodes' target path probabilities (verify.expected_accepted) and a child's never
+    exceeds its parent's, so the best tree holds the `budget` most probable paths: exact best-first over the target's
+    own conditionals. A node's conditional is read when it is popped; each verify also reads those of the next
+    ORACLE_LOOKAHEAD frontier entries (tentative leaves), which later pops reuse.
+    """
+    tokens, parents, depths, reach = [root], [-1], [0], [1.0]
+    frontier: list[tuple[float, int, int]] = []  # (-path probability, parent node, token)
+    known: dict[tuple[int, int], torch.Tensor] = {}  # (parent node, token) -> that child's conditional [V]
+    node, conditional = 0, None
+    while True:
+        if conditional is None:  # verify the tree (node is its newest) plus the best frontier entries as leaves
+            ahead = [(parent, token) for _, parent, token in heapq.nsmallest(ORACLE_LOOKAHEAD, frontier)]
+            tree = Tree.from_lists(tokens + [t for _, t in ahead], parents + [p for p, _ in ahead])
+            probs = target_probs(model.verify(tree, cache).logits[0, node:].float().cpu(), params)
+            cache.discard_pending()
+            conditional = probs[0]
+            known.update({key: probs[1 + i] for i, key in enumerate(ahead)})
+        if depths[node] < depth_cap:
+            allowed = conditional
+            if pools is not None:
+                ids = pools[depths[node]]
+                ids = ids[ids >= 0]
+                allowed = torch.zeros_like(conditional).index_copy_(0, ids, conditional[ids])
+            top = allowed.topk(min(budget, allowed.numel()))
+            for p, token in zip(top.values.tolist(), top.indices.tolist(), strict=True):
+                if p > 0:
+                    heapq.heappush(frontier, (-reach[node] * p, node, token))
+        if not frontier:
+            break
+        neg, parent, token = heapq.heappop(frontier)
+        tokens.append(token)
+        parents.append(parent)
+        depths.append(depths[parent] + 1)
+        reach.append(-neg)
+        if len(tokens) > budget:  # the last node is never expanded
+            break
+        node = len(tokens) - 1
+        conditional = known.pop((parent, token), None)
+    return float(sum(reach[1:]))
 
 
 def pick_anchors(prompt_len: int, length: int, count: int, generator: torch.Generator) -> list[int]:
@@ -255,7 +332,7 @@ def evaluate(
 ) -> dict[str, torch.Tensor]:
     """Mean acceptance [D] and counts [D] per draft kind over the target's continuations of `prompts`.
 
-    With `trees`, also "tree:<method>" (and at temperature 0 "tree:pool_bound" with an adapter): the mean accepted
+    With `trees`, also "tree:<method>" (and "tree:pool_bound", "tree:oracle" as TreeSpec says): the mean accepted
     drafts per anchor (expected, at temperature > 0), a 0-dim tensor, and "tree_n" the number of anchors.
     """
     sequences = regenerate(model, prompts, max_new_tokens, [temperature], eos_id, batch_size=8, seed=seed)
@@ -277,10 +354,12 @@ def evaluate(
             sums[name] += (value.double() * valid).sum(0)
         if trees is not None:
             if temperature == 0:
-                scored = tree_acceptance(drafts, trees.methods, trees.budget, trees.adapter)
+                scored = tree_acceptance(drafts, trees.methods, trees.budget, trees.adapter, trees.oracle)
             else:
                 params = SamplingParams(temperature=temperature)
-                scored = tree_expected_acceptance(model, drafts, trees.methods, trees.budget, trees.adapter, params)
+                scored = tree_expected_acceptance(
+                    model, drafts, trees.methods, trees.budget, trees.adapter, params, trees.oracle
+                )
             for name, accepted in scored.items():
                 tree_sums[name] += float(accepted.sum())
             tree_n += len(anchors)
@@ -301,7 +380,7 @@ def tree_rows_for(
         return []
     children = spec.adapter.children if spec.adapter is not None else 0
     n = int(result["tree_n"])
-    names = [name for name in (*spec.methods, POOL_BOUND) if f"tree:{name}" in result]
+    names = [name for name in (*spec.methods, POOL_BOUND, ORACLE) if f"tree:{name}" in result]
     return [
         TreeRow(model_name, dataset, temperature, name, spec.budget, children, 1.0 + float(result[f"tree:{name}"]), n)
         for name in names
@@ -353,6 +432,12 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--budget", type=int, default=64, help="tree budget of --trees (drafted nodes)")
     parser.add_argument("--children", type=int, default=8, help="fan-out of the weaver builders in --trees")
     parser.add_argument(
+        "--oracle",
+        action="store_true",
+        help="with --trees: add the best tree of the budget ('oracle') and at temperature > 0 the best over the "
+        "adapter's pools ('pool_bound'); each costs up to --budget target verifies per anchor",
+    )
+    parser.add_argument(
         "--trees-out", default=None, help="output CSV of --trees (columns: " + ", ".join(TREE_FIELDS) + ")"
     )
     return parser
@@ -361,8 +446,9 @@ def build_parser() -> argparse.ArgumentParser:
 def check_tree_args(args: argparse.Namespace) -> None:
     """Refuse --trees settings that could not produce rows, before any model is loaded."""
     if not args.trees:
-        if args.trees_out:
-            raise SystemExit("--trees-out needs --trees: name the builders to score (e.g. --trees ddtree weaver)")
+        for flag, value in (("--trees-out", args.trees_out), ("--oracle", args.oracle)):
+            if value:
+                raise SystemExit(f"{flag} needs --trees: name the builders to score (e.g. --trees ddtree weaver)")
         return
     if not args.trees_out:
         raise SystemExit("--trees needs --trees-out: the CSV the tree rows are written to")
@@ -392,7 +478,7 @@ def main(argv: list[str] | None = None) -> None:
         if adapter is not None:
             embed, lm_head = model.embed_tokens.weight.float(), model.lm_head.weight.float()
             bound = adapter.bind(embed, lm_head, children=args.children)
-        trees = TreeSpec(tuple(args.trees), args.budget, bound)
+        trees = TreeSpec(tuple(args.trees), args.budget, bound, args.oracle)
     rows, tree_rows = [], []
     for dataset in args.dataset:
         prompts = [format_prompt(tokenizer, p) for p in load_prompts(dataset, n=args.n_prompts, seed=args.seed)]
