@@ -290,6 +290,9 @@ def test_expected_tree_acceptance_at_temperature_0_is_the_greedy_walk() -> None:
     [
         (["--trees", "ddtree"], "--trees-out"),
         (["--trees-out", "t.csv"], "needs --trees"),
+        (["--oracle"], "--oracle needs --trees"),
+        (["--trees", "ddtree", "--trees-out", "t.csv", "--pool-size", "256"], "needs --adapter"),
+        (["--trees", "ddtree", "--trees-out", "t.csv", "--adapter", "a.pt", "--pool-size", "0"], ">= 1"),
         (["--trees", "weaver", "--trees-out", "t.csv"], "--adapter"),
     ],
 )

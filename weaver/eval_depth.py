@@ -432,6 +432,12 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--budget", type=int, default=64, help="tree budget of --trees (drafted nodes)")
     parser.add_argument("--children", type=int, default=8, help="fan-out of the weaver builders in --trees")
     parser.add_argument(
+        "--pool-size",
+        type=int,
+        default=None,
+        help="candidate pool size K of the weaver builders and pool_bound in --trees (default: the adapter's own)",
+    )
+    parser.add_argument(
         "--oracle",
         action="store_true",
         help="with --trees: add the best tree of the budget ('oracle') and at temperature > 0 the best over the "
@@ -456,6 +462,8 @@ def check_tree_args(args: argparse.Namespace) -> None:
         raise SystemExit("--trees weaver/weaver_chain needs --adapter (the Weaver checkpoint)")
     if args.budget < 1:
         raise SystemExit(f"--budget must be >= 1, got {args.budget}")
+    if args.pool_size is not None and (args.pool_size < 1 or not args.adapter):
+        raise SystemExit(f"--pool-size must be >= 1 and needs --adapter, got {args.pool_size}")
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -477,7 +485,7 @@ def main(argv: list[str] | None = None) -> None:
         bound = None
         if adapter is not None:
             embed, lm_head = model.embed_tokens.weight.float(), model.lm_head.weight.float()
-            bound = adapter.bind(embed, lm_head, children=args.children)
+            bound = adapter.bind(embed, lm_head, pool_size=args.pool_size, children=args.children)
         trees = TreeSpec(tuple(args.trees), args.budget, bound, args.oracle)
     rows, tree_rows = [], []
     for dataset in args.dataset:
