@@ -91,8 +91,8 @@ class TreeRow:
 
 @dataclass(frozen=True)
 class TreeSpec:
-    """Builders scored on whole trees, their budget, the bound adapter the weaver builders need, and whether to add
-    the best possible trees (ORACLE; POOL_BOUND at temperature > 0, which always has it at temperature 0)."""
+    """Builders scored on whole trees, their budget, the bound adapter the weaver builders need, and `oracle`: add the
+    best possible trees, ORACLE and at temperature > 0 POOL_BOUND (an adapter always brings it at temperature 0)."""
 
     methods: tuple[str, ...]
     budget: int
