@@ -217,6 +217,14 @@ def tree_acceptance(
 
 
 @torch.no_grad()
+def verify_logits(model: Any, cache: Any, tree: Tree) -> torch.Tensor:
+    """The target's logits [N, V] (fp32, host) at every node of `tree` on the cache's context; nothing is committed."""
+    logits = model.verify(tree, cache).logits[0].float().cpu()
+    cache.discard_pending()
+    return logits
+
+
+@torch.no_grad()
 def tree_expected_acceptance(
     model: Any,
     drafts: Drafts,
@@ -244,9 +252,7 @@ def tree_expected_acceptance(
         block = DraftBlock(drafts.logits[row], drafts.proposal[row], drafts.target_hidden[row])
         for name in methods:
             tree = build_tree(name, block, root, budget, adapter=adapter)
-            logits = model.verify(tree, cache).logits[0].float().cpu()
-            cache.discard_pending()
-            result[name].append(expected_accepted(tree, logits, params))
+            result[name].append(expected_accepted(tree, verify_logits(model, cache, tree), params))
         if oracle:
             result[ORACLE].append(best_tree_accepted(model, cache, root, budget, depth, params))
         if oracle and adapter is not None:
@@ -281,8 +287,7 @@ def best_tree_accepted(
         if conditional is None:  # verify the tree (node is its newest) plus the best frontier entries as leaves
             ahead = [(parent, token) for _, parent, token in heapq.nsmallest(ORACLE_LOOKAHEAD, frontier)]
             tree = Tree.from_lists(tokens + [t for _, t in ahead], parents + [p for p, _ in ahead])
-            probs = target_probs(model.verify(tree, cache).logits[0, node:].float().cpu(), params)
-            cache.discard_pending()
+            probs = target_probs(verify_logits(model, cache, tree)[node:], params)
             conditional = probs[0]
             known.update({key: probs[1 + i] for i, key in enumerate(ahead)})
         if depths[node] < depth_cap:
@@ -462,8 +467,10 @@ def check_tree_args(args: argparse.Namespace) -> None:
         raise SystemExit("--trees weaver/weaver_chain needs --adapter (the Weaver checkpoint)")
     if args.budget < 1:
         raise SystemExit(f"--budget must be >= 1, got {args.budget}")
-    if args.pool_size is not None and (args.pool_size < 1 or not args.adapter):
-        raise SystemExit(f"--pool-size must be >= 1 and needs --adapter, got {args.pool_size}")
+    if args.pool_size is not None and not args.adapter:
+        raise SystemExit("--pool-size needs --adapter: it sets the pools of the weaver builders and pool_bound")
+    if args.pool_size is not None and args.pool_size < 1:
+        raise SystemExit(f"--pool-size must be >= 1, got {args.pool_size}")
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -78,12 +78,7 @@ def accept(
     """
     if mode not in MODES:
         raise ValueError(f"unknown acceptance mode {mode!r}; choose one of {MODES}")
-    if logits.dim() != 2 or logits.shape[0] != tree.num_nodes:
-        raise ValueError(
-            f"logits must have shape [N={tree.num_nodes}, V] (one row per tree node), got {tuple(logits.shape)}"
-        )
-    tree.validate(vocab_size=logits.shape[1])
-    check_logits(logits)
+    _check_verified(tree, logits)
     if params.greedy:
         path, bonus = _greedy(tree, logits)
     else:
@@ -116,11 +111,7 @@ def expected_accepted(tree: Tree, logits: torch.Tensor, params: SamplingParams) 
         logits: [N, V] target logits; row i is the target's next-token distribution after the path root..i.
         params: sampling parameters (temperature 0: one-hot argmax, the greedy rule's accepted length).
     """
-    if logits.dim() != 2 or logits.shape[0] != tree.num_nodes:
-        raise ValueError(
-            f"logits must have shape [N={tree.num_nodes}, V] (one row per tree node), got {tuple(logits.shape)}"
-        )
-    tree.validate(vocab_size=logits.shape[1])
+    _check_verified(tree, logits)
     if tree.num_nodes == 1:
         return 0.0
     parents = tree.parents[1:].long()
@@ -130,6 +121,16 @@ def expected_accepted(tree: Tree, logits: torch.Tensor, params: SamplingParams) 
     for v, (parent, p) in enumerate(zip(parents.tolist(), step, strict=True), start=1):
         reach[v] = reach[parent] * p
     return float(sum(reach[1:]))
+
+
+def _check_verified(tree: Tree, logits: torch.Tensor) -> None:
+    """Refuse verify logits that are not one finite row [V] per node of a valid tree."""
+    if logits.dim() != 2 or logits.shape[0] != tree.num_nodes:
+        raise ValueError(
+            f"logits must have shape [N={tree.num_nodes}, V] (one row per tree node), got {tuple(logits.shape)}"
+        )
+    tree.validate(vocab_size=logits.shape[1])
+    check_logits(logits)
 
 
 def child_by_token(tree: Tree, node: int) -> dict[int, int]:
