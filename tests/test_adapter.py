@@ -346,3 +346,57 @@ def test_train_writes_a_strict_checkpoint_and_resumes(tmp_path) -> None:
     history = train(loaded, drafter, store, embed, lm_head, more, tmp_path, log=messages.append)
     assert len(history) == 2 and "resuming at step 3" in messages[0]
     assert torch.load(tmp_path / "train_state.pt", weights_only=True)["step"] == 5
+
+
+def test_resume_restores_weights_from_the_state_and_rewrites_a_deleted_adapter(tmp_path) -> None:
+    """What a workflow rerun does: adapter.pt deleted, train_state.pt kept; a fresh module must not be saved."""
+    drafter = tiny_drafter()
+    embed, lm_head = torch.randn(TRAIN_V, TRAIN_D), torch.randn(TRAIN_V, TRAIN_D)
+    store = FakeStore([fake_example(14, seed=s) for s in range(3)])
+    cfg = TrainConfig(steps=2, seqs_per_step=2, anchors_per_seq=2, warmup=1, pool_size=10)
+    trained = new_adapter(TRAIN_D, TRAIN_D, d_rank=16, num_layers=1, num_heads=2, mlp_dim=24, pool_size=10)
+    train(trained, drafter, store, embed, lm_head, cfg, tmp_path, log=lambda _: None)
+    (tmp_path / "adapter.pt").unlink()
+    fresh = new_adapter(TRAIN_D, TRAIN_D, d_rank=16, num_layers=1, num_heads=2, mlp_dim=24, pool_size=10)
+    assert train(fresh, drafter, store, embed, lm_head, cfg, tmp_path, log=lambda _: None) == []
+    rewritten = Weaver.load(tmp_path / "adapter.pt").state_dict()
+    for name, tensor in trained.state_dict().items():
+        torch.testing.assert_close(rewritten[name], tensor)
+
+
+def test_resume_refuses_other_settings_or_restarts_when_asked(tmp_path) -> None:
+    drafter = tiny_drafter()
+    embed, lm_head = torch.randn(TRAIN_V, TRAIN_D), torch.randn(TRAIN_V, TRAIN_D)
+    store = FakeStore([fake_example(14, seed=s) for s in range(3)])
+    cfg = TrainConfig(steps=2, seqs_per_step=2, anchors_per_seq=2, warmup=1, pool_size=10)
+
+    def adapter(pool_size: int = 10) -> Weaver:
+        return new_adapter(TRAIN_D, TRAIN_D, d_rank=16, num_layers=1, num_heads=2, mlp_dim=24, pool_size=pool_size)
+
+    train(adapter(), drafter, store, embed, lm_head, cfg, tmp_path, log=lambda _: None)
+    bigger_pools = TrainConfig(**{**cfg.__dict__, "pool_size": 12})
+    with pytest.raises(ValueError, match=r"pool_size: 10 -> 12.*--restart-if-changed"):
+        train(adapter(12), drafter, store, embed, lm_head, bigger_pools, tmp_path, log=lambda _: None)
+    with pytest.raises(ValueError, match="architecture candidate_pool_size: 10 -> 12"):
+        train(adapter(12), drafter, store, embed, lm_head, cfg, tmp_path, log=lambda _: None)
+    with pytest.raises(ValueError, match="at step 2, beyond --steps 1"):
+        shorter = TrainConfig(**{**cfg.__dict__, "steps": 1, "pool_size": 12})
+        train(adapter(12), drafter, store, embed, lm_head, shorter, tmp_path, restart_if_changed=True)
+    messages: list[str] = []
+    history = train(
+        adapter(12), drafter, store, embed, lm_head, bigger_pools, tmp_path, messages.append, restart_if_changed=True
+    )
+    assert len(history) == 2 and "training from scratch" in messages[0]
+    stale = list(tmp_path.glob("train_state.stale-*.pt"))
+    assert len(stale) == 1 and torch.load(stale[0], weights_only=True)["train_config"]["pool_size"] == 10
+    assert Weaver.load(tmp_path / "adapter.pt").config.candidate_pool_size == 12
+
+
+def test_cli_refuses_to_overwrite_a_foreign_adapter(tmp_path) -> None:
+    from weaver.train import main
+
+    adapter = new_adapter(TRAIN_D, TRAIN_D, d_rank=16, num_layers=1, num_heads=2, mlp_dim=24, pool_size=10)
+    adapter.save(tmp_path / "adapter.pt")
+    argv = ["adapter", "--model", "no-such-model", "--drafter", str(tmp_path), "--out", str(tmp_path)]
+    with pytest.raises(ValueError, match="adapter.pt but no train_state.pt"):
+        main(argv)

@@ -256,6 +256,22 @@ def test_train_drafter_checkpoints_and_resumes(tmp_path, store, target):
     stats = train_drafter(resumed, store, target.embed_tokens, target.lm_head, longer, tmp_path, log=messages.append)
     assert stats.steps == 2 and any("resumed" in m and "step 4" in m for m in messages)
     assert torch.load(tmp_path / "train_state.pt", weights_only=False)["step"] == 6
+    other_lr = DrafterTrainConfig(steps=6, save_every=2, seqs_per_step=2, anchors_per_seq=4, warmup_steps=1, lr=1e-3)
+    with pytest.raises(ValueError, match=r"lr: 0.0006 -> 0.001"):
+        train_drafter(
+            init_drafter(drafter_config(), seed=1), store, target.embed_tokens, target.lm_head, other_lr, tmp_path
+        )
+    stats = train_drafter(
+        init_drafter(drafter_config(), seed=1),
+        store,
+        target.embed_tokens,
+        target.lm_head,
+        other_lr,
+        tmp_path,
+        log=messages.append,
+        restart_if_changed=True,
+    )
+    assert stats.steps == 6 and len(list(tmp_path.glob("train_state.stale-*.pt"))) == 1
 
 
 def test_training_blocks_match_inference_drafts(store, target):

@@ -29,6 +29,7 @@ from typing import Any
 import torch
 
 from weaver.adapter import CandidatePools, Weaver, WeaverConfig, candidate_pools
+from weaver.training.resume import add_restart_argument, resumable
 
 
 @dataclass(frozen=True)
@@ -255,9 +256,19 @@ def concat_batches(batches: list[AdapterBatch]) -> AdapterBatch:
 def save_checkpoint(
     out_dir: Path, weaver: Weaver, optimizer: torch.optim.Optimizer, step: int, cfg: TrainConfig
 ) -> None:
-    """adapter.pt in the authors' format (what inference loads) + train_state.pt to resume; both written atomically."""
+    """adapter.pt in the authors' format (what inference loads) + train_state.pt to resume; both written atomically.
+
+    train_state.pt is self-contained (weights, optimizer, step, both configs): a workflow that deletes an unfinished
+    adapter.pt before rerunning the job still resumes.
+    """
     _atomic(out_dir / "adapter.pt", weaver.save)
-    state = {"step": step, "optimizer": optimizer.state_dict(), "train_config": asdict(cfg)}
+    state = {
+        "step": step,
+        "model_config": asdict(weaver.config),
+        "train_config": asdict(cfg),
+        "weaver": weaver.state_dict(),
+        "optimizer": optimizer.state_dict(),
+    }
     _atomic(out_dir / "train_state.pt", lambda tmp: torch.save(state, tmp))
 
 
@@ -270,8 +281,14 @@ def train(
     cfg: TrainConfig,
     out_dir: Path,
     log=print,
+    restart_if_changed: bool = False,
 ) -> list[LossStats]:
-    """Train (or resume training of) `weaver` on the examples of a FeatureStore; returns the per-step stats."""
+    """Train (or resume training of) `weaver` on the examples of a FeatureStore; returns the per-step stats.
+
+    A train_state.pt in out_dir is resumed (weights, optimizer, step) when weaver.training.resume allows it; with
+    restart_if_changed a state of other settings is moved aside instead of refused. adapter.pt is written at the end
+    even when the state was already at cfg.steps.
+    """
     out_dir.mkdir(parents=True, exist_ok=True)
     drafter.requires_grad_(False).eval()
     optimizer = torch.optim.AdamW(weaver.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
@@ -279,9 +296,11 @@ def train(
     state_path = out_dir / "train_state.pt"
     if state_path.exists():
         state = torch.load(state_path, weights_only=True)
-        optimizer.load_state_dict(state["optimizer"])
-        start = int(state["step"])
-        log(f"adapter: resuming at step {start}/{cfg.steps}")
+        if resumable(state_path, state, asdict(weaver.config), asdict(cfg), restart_if_changed, log):
+            weaver.load_state_dict(state["weaver"])
+            optimizer.load_state_dict(state["optimizer"])
+            start = int(state["step"])
+            log(f"adapter: resuming at step {start}/{cfg.steps}")
     bank = draft_bank(drafter, store, embed_weight, lm_head_weight, cfg, random.Random(cfg.seed), log)
     rng = random.Random(cfg.seed * 1_000_003 + start)  # a resumed run draws a fresh, seeded batch order
     history = []
@@ -303,6 +322,8 @@ def train(
             )
         if (step + 1) % cfg.save_every == 0 or step + 1 == cfg.steps:
             save_checkpoint(out_dir, weaver, optimizer, step + 1, cfg)
+    if start == cfg.steps:
+        _atomic(out_dir / "adapter.pt", weaver.save)
     return history
 
 
@@ -382,14 +403,21 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--kl-weight", type=float, default=defaults.kl_weight, help="KL weight in the LK loss; TV 1-w")
     parser.add_argument("--seed", type=int, default=defaults.seed, help="seed of initialisation and anchor sampling")
     parser.add_argument("--save-every", type=int, default=defaults.save_every, help="checkpoint every N steps")
+    add_restart_argument(parser)
 
 
 def main(args: argparse.Namespace) -> int:
-    """Train an adapter for a (target, drafter) pair from cached features; resumes from --out when present."""
+    """Train an adapter for a (target, drafter) pair from cached features; resumes from --out's train_state.pt."""
     from weaver.drafter import load_drafter
     from weaver.models import load_target
     from weaver.training.features import FeatureStore
 
+    out_dir = Path(args.out)
+    if (out_dir / "adapter.pt").exists() and not (out_dir / "train_state.pt").exists():
+        raise ValueError(
+            f"{out_dir} holds an adapter.pt but no train_state.pt (not a run of this trainer): training would "
+            "overwrite it; use another --out"
+        )
     torch.manual_seed(args.seed)
     model, _ = load_target(args.model)
     embed_weight, lm_head_weight = model.embed_tokens.weight.detach().float(), model.lm_head.weight.detach().float()
@@ -400,23 +428,21 @@ def main(args: argparse.Namespace) -> int:
             f"features hold target layers {store.hidden_layers} but the drafter needs {drafter.hidden_layers}: "
             "cache features for this drafter (same target and taps)"
         )
-    out_dir = Path(args.out)
-    if (out_dir / "adapter.pt").exists():
-        weaver = Weaver.load(out_dir / "adapter.pt")
-    else:
-        weaver = new_adapter(
-            lm_head_weight.shape[1],
-            embed_weight.shape[1],
-            args.d_rank,
-            args.num_layers,
-            args.num_heads,
-            args.mlp_dim,
-            args.pool_size,
-            depth=drafter.cfg.block_size - 1,
-        )
+    weaver = new_adapter(
+        lm_head_weight.shape[1],
+        embed_weight.shape[1],
+        args.d_rank,
+        args.num_layers,
+        args.num_heads,
+        args.mlp_dim,
+        args.pool_size,
+        depth=drafter.cfg.block_size - 1,
+    )
     cfg = TrainConfig(**{f: getattr(args, f) for f in TrainConfig.__dataclass_fields__})
     started = time.time()
-    history = train(weaver, drafter, store, embed_weight, lm_head_weight, cfg, out_dir)
+    history = train(
+        weaver, drafter, store, embed_weight, lm_head_weight, cfg, out_dir, restart_if_changed=args.restart_if_changed
+    )
     summary = {"steps": cfg.steps, "wall_s": time.time() - started}
     if history:
         summary |= {"final": asdict(history[-1])}

@@ -31,6 +31,7 @@ from weaver.training.features import (
     write_token_jsonl,
 )
 from weaver.training.losses import argmax_cross_entropy, position_decay, sparse_kl, weighted_mean
+from weaver.training.resume import add_restart_argument, resumable
 
 STATE_FILE = "train_state.pt"
 
@@ -170,17 +171,19 @@ def train_drafter(
     train: DrafterTrainConfig,
     out_dir: str | Path,
     log=print,
+    restart_if_changed: bool = False,
 ) -> TrainStats:
     """AdamW over the drafter only; saves `train_state.pt` every save_every steps and resumes from it.
 
-    A resumed run restores weights, optimizer and step; its data order is reseeded by (seed, step).
+    A resumed run restores weights, optimizer and step; its data order is reseeded by (seed, step). A state of another
+    architecture or recipe is refused (weaver.training.resume), or moved aside with restart_if_changed.
     """
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     params = [p for p in drafter.parameters() if p.requires_grad]
     opt = torch.optim.AdamW(params, lr=train.lr, weight_decay=train.weight_decay, betas=(0.9, 0.95))
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: lr_factor(s, train))
-    start = _resume(out_dir / STATE_FILE, drafter, opt, sched, log)
+    start = _resume(out_dir / STATE_FILE, drafter, opt, sched, train, restart_if_changed, log)
     rng = random.Random(train.seed * 1_000_003 + start)
     gen = torch.Generator().manual_seed(train.seed * 1_000_003 + start)
     examples = _forever(store, rng)
@@ -228,12 +231,13 @@ def _save_state(path: Path, drafter, opt, sched, step: int, train: DrafterTrainC
     tmp.replace(path)
 
 
-def _resume(path: Path, drafter, opt, sched, log) -> int:
+def _resume(path: Path, drafter, opt, sched, train: DrafterTrainConfig, restart_if_changed: bool, log) -> int:
     if not path.exists():
         return 0
     state = torch.load(path, weights_only=False)
-    if DrafterConfig(**state["drafter_config"]) != drafter.cfg:
-        raise ValueError(f"{path} was trained with another drafter architecture: delete it or use another --out")
+    state["model_config"] = state["drafter_config"]
+    if not resumable(path, state, asdict(drafter.cfg), asdict(train), restart_if_changed, log):
+        return 0
     drafter.load_state_dict(state["drafter"])
     opt.load_state_dict(state["optimizer"])
     sched.load_state_dict(state["scheduler"])
@@ -288,6 +292,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--loss", choices=("kl", "ce"), default="kl", help="KL to target top-k, or CE to its argmax")
     parser.add_argument("--save-every", type=int, default=DrafterTrainConfig.save_every, help="checkpoint period")
     parser.add_argument("--seed", type=int, default=0, help="seed of initialisation, anchors and data order")
+    add_restart_argument(parser)
 
 
 def drafter_config_for(model: Any, args: argparse.Namespace) -> DrafterConfig:
@@ -386,6 +391,8 @@ def main(args: argparse.Namespace) -> None:
         seed=args.seed,
     )
     drafter = init_drafter(cfg, args.seed)
-    stats = train_drafter(drafter, store, model.embed_tokens, model.lm_head, train, args.out)
+    stats = train_drafter(
+        drafter, store, model.embed_tokens, model.lm_head, train, args.out, restart_if_changed=args.restart_if_changed
+    )
     save_drafter(drafter, args.out)
     print(f"drafter saved to {args.out}: loss {stats.first_loss:.4f} -> {stats.last_loss:.4f} over {stats.steps} steps")

@@ -62,6 +62,8 @@ rule train_drafter:
         "--features {output.features} {params.extra} > {log} 2>&1"
 
 
+# adapter.pt is the output, train_state.pt beside it is not: an interrupted job resumes from it, and a job rerun because
+# its params changed moves it aside (--restart-if-changed) instead of resuming under other settings.
 rule train_adapter:
     input:
         target=lambda wc: target_input(wc.model),
@@ -82,4 +84,4 @@ rule train_adapter:
         gpu=GPUS,
     shell:
         "OMP_NUM_THREADS={threads} python -m weaver.train adapter --model {params.target} --drafter {params.drafter} "
-        "--features {input.features} --out {params.out} {params.extra} > {log} 2>&1"
+        "--features {input.features} --out {params.out} --restart-if-changed {params.extra} > {log} 2>&1"
