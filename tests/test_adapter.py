@@ -11,12 +11,14 @@ import torch
 from weaver.adapter import BiasRMSNorm, CandidatePools, Weaver, WeaverConfig, candidate_pools
 from weaver.drafter import Drafter, DrafterConfig
 from weaver.training.adapter import (
+    OPTIMIZERS,
     AdapterBatch,
     TrainConfig,
     adapter_loss,
     draft_at_anchors,
     lk_loss,
     make_batch,
+    make_optimizers,
     new_adapter,
     sample_anchors,
     target_pool_probs,
@@ -288,22 +290,37 @@ def test_sample_anchors_stay_in_the_completion() -> None:
     assert sample_anchors(3, prompt_len=3, count=2, rng=random.Random(0)) == []
 
 
-def test_few_steps_reduce_the_loss_on_a_fixed_batch() -> None:
+@pytest.mark.parametrize(("name", "lr"), [("adamw", 3e-3), ("muon", 1e-2)])
+def test_few_steps_reduce_the_loss_on_a_fixed_batch(name: str, lr: float) -> None:
     drafter = tiny_drafter()
     embed, lm_head = torch.randn(TRAIN_V, TRAIN_D), torch.randn(TRAIN_V, TRAIN_D)
     batch = make_batch(drafter, fake_example(16, seed=2), [3, 6, 9, 12], embed, lm_head, pool_size=12)
     assert isinstance(batch, AdapterBatch) and batch.valid.sum() > 8
     torch.manual_seed(0)
     weaver = new_adapter(TRAIN_D, TRAIN_D, d_rank=32, num_layers=1, num_heads=4, mlp_dim=48, pool_size=12)
-    optimizer = torch.optim.AdamW(weaver.parameters(), lr=3e-3)
+    optimizers = make_optimizers(weaver, TrainConfig(lr=lr, optimizer=name))
+    if name == "muon":  # the matrices under Muon, every other parameter (norm gains and biases) under AdamW
+        assert isinstance(optimizers[0], torch.optim.Muon) and isinstance(optimizers[1], torch.optim.AdamW)
+        assert {p.ndim for g in optimizers[0].param_groups for p in g["params"]} == {2}
+        assert 2 not in {p.ndim for g in optimizers[1].param_groups for p in g["params"]}
+    assert sum(p.numel() for o in optimizers for g in o.param_groups for p in g["params"]) == sum(
+        p.numel() for p in weaver.parameters()
+    )
     losses = []
     for _ in range(40):
         loss, stats = adapter_loss(weaver, batch, embed, lm_head, kl_weight=0.5)
-        optimizer.zero_grad()
+        for optimizer in optimizers:
+            optimizer.zero_grad()
         loss.backward()
-        optimizer.step()
+        for optimizer in optimizers:
+            optimizer.step()
         losses.append(stats.loss)
     assert losses[-1] < 0.7 * losses[0]
+
+
+def test_unknown_optimizer_is_refused() -> None:
+    with pytest.raises(ValueError, match="optimizer must be one of"):
+        TrainConfig(optimizer="sgd")
 
 
 def test_zero_init_adapter_is_the_drafter_prior() -> None:
@@ -330,11 +347,14 @@ def test_new_adapter_writes_the_drafter_depth_as_k() -> None:
     assert new_adapter(TRAIN_D, TRAIN_D, 16, 1, 2, 24, pool_size=10).config.K == 15  # the paper's block-16 drafters
 
 
-def test_train_writes_a_strict_checkpoint_and_resumes(tmp_path) -> None:
+@pytest.mark.parametrize("optimizer", OPTIMIZERS)
+def test_train_writes_a_strict_checkpoint_and_resumes(tmp_path, optimizer: str) -> None:
     drafter = tiny_drafter()
     embed, lm_head = torch.randn(TRAIN_V, TRAIN_D), torch.randn(TRAIN_V, TRAIN_D)
     store = FakeStore([fake_example(14, seed=s) for s in range(3)])
-    cfg = TrainConfig(steps=3, seqs_per_step=2, anchors_per_seq=2, warmup=1, pool_size=10, save_every=2)
+    cfg = TrainConfig(
+        steps=3, seqs_per_step=2, anchors_per_seq=2, warmup=1, pool_size=10, save_every=2, optimizer=optimizer
+    )
     weaver = new_adapter(TRAIN_D, TRAIN_D, d_rank=16, num_layers=1, num_heads=2, mlp_dim=24, pool_size=10)
     history = train(weaver, drafter, store, embed, lm_head, cfg, tmp_path, log=lambda _: None)
     assert len(history) == 3

@@ -11,7 +11,8 @@ conditional p restricted to the pool (not renormalised):
 Tokens outside the pool are handled explicitly: q puts no mass there, so the target mass outside the pool (and beyond
 the target's cached top-k) counts as unrecoverable rejection in the TV term and carries no KL gradient. The mixing
 weight is constant (--kl-weight); the paper's exact schedule is unknown.
-Optimiser: AdamW, warmup-stable-decay schedule; checkpoints in the authors' format plus a resumable training state.
+Optimiser: AdamW, or the paper's Muon (matrices) + AdamW (the rest) with --optimizer muon; warmup-stable-decay schedule;
+checkpoints in the authors' format plus a resumable training state.
 """
 
 from __future__ import annotations
@@ -201,6 +202,9 @@ def wsd_lr(step: int, total: int, peak: float, warmup: int, decay_frac: float) -
     return peak * min(1.0, max(0.0, (total - step) / decay_steps))
 
 
+OPTIMIZERS = ("adamw", "muon")
+
+
 @dataclass(frozen=True)
 class TrainConfig:
     """Adapter training hyper-parameters (see add_arguments for each one's meaning)."""
@@ -214,8 +218,13 @@ class TrainConfig:
     weight_decay: float = 0.01
     kl_weight: float = 0.5
     pool_size: int = 64
+    optimizer: str = "adamw"
     seed: int = 0
     save_every: int = 100
+
+    def __post_init__(self) -> None:
+        if self.optimizer not in OPTIMIZERS:
+            raise ValueError(f"optimizer must be one of {OPTIMIZERS}, got {self.optimizer!r}")
 
 
 def new_adapter(
@@ -253,8 +262,23 @@ def concat_batches(batches: list[AdapterBatch]) -> AdapterBatch:
     return AdapterBatch(*(torch.cat([getattr(b, f) for b in batches]) for f in AdapterBatch.__dataclass_fields__))
 
 
+def make_optimizers(weaver: Weaver, cfg: TrainConfig) -> list[torch.optim.Optimizer]:
+    """AdamW over every parameter, or the paper's split: Muon for the matrices, AdamW for the rest (norm gains, biases).
+
+    Muon's update is scaled to AdamW's RMS (adjust_lr_fn="match_rms_adamw"), so one peak --lr serves both.
+    """
+    if cfg.optimizer == "adamw":
+        return [torch.optim.AdamW(weaver.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)]
+    matrices = [p for p in weaver.parameters() if p.ndim == 2]
+    rest = [p for p in weaver.parameters() if p.ndim != 2]
+    return [
+        torch.optim.Muon(matrices, lr=cfg.lr, weight_decay=cfg.weight_decay, adjust_lr_fn="match_rms_adamw"),
+        torch.optim.AdamW(rest, lr=cfg.lr, weight_decay=cfg.weight_decay),
+    ]
+
+
 def save_checkpoint(
-    out_dir: Path, weaver: Weaver, optimizer: torch.optim.Optimizer, step: int, cfg: TrainConfig
+    out_dir: Path, weaver: Weaver, optimizers: list[torch.optim.Optimizer], step: int, cfg: TrainConfig
 ) -> None:
     """adapter.pt in the authors' format (what inference loads) + train_state.pt to resume; both written atomically.
 
@@ -267,7 +291,7 @@ def save_checkpoint(
         "model_config": asdict(weaver.config),
         "train_config": asdict(cfg),
         "weaver": weaver.state_dict(),
-        "optimizer": optimizer.state_dict(),
+        "optimizers": [o.state_dict() for o in optimizers],
     }
     _atomic(out_dir / "train_state.pt", lambda tmp: torch.save(state, tmp))
 
@@ -291,14 +315,15 @@ def train(
     """
     out_dir.mkdir(parents=True, exist_ok=True)
     drafter.requires_grad_(False).eval()
-    optimizer = torch.optim.AdamW(weaver.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
+    optimizers = make_optimizers(weaver, cfg)
     start = 0
     state_path = out_dir / "train_state.pt"
     if state_path.exists():
         state = torch.load(state_path, weights_only=True)
         if resumable(state_path, state, asdict(weaver.config), asdict(cfg), restart_if_changed, log):
             weaver.load_state_dict(state["weaver"])
-            optimizer.load_state_dict(state["optimizer"])
+            for optimizer, saved in zip(optimizers, state["optimizers"], strict=True):
+                optimizer.load_state_dict(saved)
             start = int(state["step"])
             log(f"adapter: resuming at step {start}/{cfg.steps}")
     bank = draft_bank(drafter, store, embed_weight, lm_head_weight, cfg, random.Random(cfg.seed), log)
@@ -307,13 +332,16 @@ def train(
     weaver.train()
     for step in range(start, cfg.steps):
         batch = concat_batches([unpack(b) for b in rng.choices(bank, k=cfg.seqs_per_step)])
-        for group in optimizer.param_groups:
-            group["lr"] = wsd_lr(step, cfg.steps, cfg.lr, cfg.warmup, cfg.decay_frac)
+        lr = wsd_lr(step, cfg.steps, cfg.lr, cfg.warmup, cfg.decay_frac)
+        for group in (g for o in optimizers for g in o.param_groups):
+            group["lr"] = lr
         loss, stats = adapter_loss(weaver, batch, embed_weight, lm_head_weight, cfg.kl_weight)
-        optimizer.zero_grad(set_to_none=True)
+        for optimizer in optimizers:
+            optimizer.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(weaver.parameters(), 1.0)
-        optimizer.step()
+        for optimizer in optimizers:
+            optimizer.step()
         history.append(stats)
         if (step + 1) % 10 == 0 or step + 1 == cfg.steps:
             log(
@@ -321,7 +349,7 @@ def train(
                 f"pool mass {stats.pool_mass:.3f}"
             )
         if (step + 1) % cfg.save_every == 0 or step + 1 == cfg.steps:
-            save_checkpoint(out_dir, weaver, optimizer, step + 1, cfg)
+            save_checkpoint(out_dir, weaver, optimizers, step + 1, cfg)
     if start == cfg.steps:
         _atomic(out_dir / "adapter.pt", weaver.save)
     return history
@@ -397,9 +425,17 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="anchors per sequence, drafted once (see draft_bank)",
     )
     parser.add_argument("--lr", type=float, default=defaults.lr, help="peak learning rate (2e-4 in the paper)")
+    parser.add_argument(
+        "--optimizer",
+        choices=OPTIMIZERS,
+        default=defaults.optimizer,
+        help="adamw: AdamW over every parameter; muon: Muon for the matrices + AdamW for the rest (the paper's)",
+    )
     parser.add_argument("--warmup", type=int, default=defaults.warmup, help="linear warmup steps")
     parser.add_argument("--decay-frac", type=float, default=defaults.decay_frac, help="fraction of steps decaying to 0")
-    parser.add_argument("--weight-decay", type=float, default=defaults.weight_decay, help="AdamW weight decay")
+    parser.add_argument(
+        "--weight-decay", type=float, default=defaults.weight_decay, help="weight decay (of both optimizers)"
+    )
     parser.add_argument("--kl-weight", type=float, default=defaults.kl_weight, help="KL weight in the LK loss; TV 1-w")
     parser.add_argument("--seed", type=int, default=defaults.seed, help="seed of initialisation and anchor sampling")
     parser.add_argument("--save-every", type=int, default=defaults.save_every, help="checkpoint every N steps")
