@@ -220,7 +220,7 @@ def _forever(store: FeatureStore, rng: random.Random):
 def _save_state(path: Path, drafter, opt, sched, step: int, train: DrafterTrainConfig) -> None:
     state = {
         "step": step,
-        "drafter_config": asdict(drafter.cfg),
+        "model_config": asdict(drafter.cfg),
         "train_config": asdict(train),
         "drafter": drafter.state_dict(),
         "optimizer": opt.state_dict(),
@@ -235,7 +235,6 @@ def _resume(path: Path, drafter, opt, sched, train: DrafterTrainConfig, restart_
     if not path.exists():
         return 0
     state = torch.load(path, weights_only=False)
-    state["model_config"] = state["drafter_config"]
     if not resumable(path, state, asdict(drafter.cfg), asdict(train), restart_if_changed, log):
         return 0
     drafter.load_state_dict(state["drafter"])
