@@ -326,6 +326,9 @@ def train(
                 optimizer.load_state_dict(saved)
             start = int(state["step"])
             log(f"adapter: resuming at step {start}/{cfg.steps}")
+    if start == cfg.steps:  # finished before: restore adapter.pt (a workflow may have deleted it), draft nothing
+        _atomic(out_dir / "adapter.pt", weaver.save)
+        return []
     bank = draft_bank(drafter, store, embed_weight, lm_head_weight, cfg, random.Random(cfg.seed), log)
     rng = random.Random(cfg.seed * 1_000_003 + start)  # a resumed run draws a fresh, seeded batch order
     history = []
@@ -350,8 +353,6 @@ def train(
             )
         if (step + 1) % cfg.save_every == 0 or step + 1 == cfg.steps:
             save_checkpoint(out_dir, weaver, optimizers, step + 1, cfg)
-    if start == cfg.steps:
-        _atomic(out_dir / "adapter.pt", weaver.save)
     return history
 
 
