@@ -76,6 +76,52 @@ def test_dry_run_of_every_config(config: str, tmp_path: Path) -> None:
             assert runs == {str(min(grid["budgets"]))}, runs
 
 
+TRAINER_KEYS = {"drafter": ("drafter", "train_args"), "adapter": ("adapter", "train_args"), "hybrid": ("build_args",)}
+REQUIRED_FLAGS = {
+    "drafter": ["--model", "m", "--out", "o"],
+    "adapter": ["--model", "m", "--drafter", "d", "--out", "o"],
+    "hybrid": ["--out", "o"],
+}
+
+
+def trainer_args(config: dict) -> list[tuple[str, str, list[str]]]:
+    """(model, trainer, extra flags) for every trainer invocation a config's models spell out."""
+    found = []
+    for model, spec in config["models"].items():
+        for trainer, keys in TRAINER_KEYS.items():
+            value = spec
+            for key in keys:
+                value = value.get(key) if isinstance(value, dict) else None
+            if value is not None:
+                found.append((model, trainer, [str(a) for a in value]))
+    return found
+
+
+@pytest.mark.parametrize("config", ["config.yaml", "smoke.yaml", "paper.yaml"])
+def test_trainer_args_of_every_config_parse(config: str, capsys: pytest.CaptureFixture[str]) -> None:
+    """Each config's train_args / build_args are flags the trainer accepts, with values of the right type and choice
+    (a typo such as `--optimizer mun` would otherwise surface only when the workflow reaches that job)."""
+    from weaver.train import build_parser
+
+    found = trainer_args(yaml.safe_load((ROOT / "config" / config).read_text()))
+    assert any(trainer == "adapter" for _, trainer, _ in found)
+    for model, trainer, extra in found:
+        argv = [trainer, *REQUIRED_FLAGS[trainer], *extra]
+        try:
+            build_parser(argv).parse_args(argv)
+        except SystemExit:
+            pytest.fail(f"{config}: {model}'s {trainer} arguments {extra} do not parse: {capsys.readouterr().err}")
+
+
+def test_trainer_args_check_rejects_a_bad_choice(capsys: pytest.CaptureFixture[str]) -> None:
+    from weaver.train import build_parser
+
+    argv = ["adapter", *REQUIRED_FLAGS["adapter"], "--optimizer", "mun"]
+    with pytest.raises(SystemExit):
+        build_parser(argv).parse_args(argv)
+    assert "mun" in capsys.readouterr().err
+
+
 @pytest.mark.parametrize("profile", ["default", "gpu-smoke", "slurm"])
 def test_dry_run_of_every_profile(profile: str) -> None:
     run = snakemake(
@@ -145,11 +191,32 @@ def test_figures_rebuild_from_committed_logs_without_producing_jobs(tmp_path: Pa
     again = snakemake("figures", "-n", "--configfile", config, cwd=tmp_path)
     assert "Nothing to be done" in again.stdout + again.stderr
 
+    meta = next((tmp_path / "results").rglob("weaver/*/meta.json"))  # a cell's raw log rewritten after the tables
+    meta.write_text(meta.read_text() + "\n")  # new content: Snakemake 9 skips an input newer but of the same checksum
+    stale = snakemake("figures", "-n", "--configfile", config, cwd=tmp_path)
+    scheduled = set(job_counts(stale.stdout))
+    assert "analyze" in scheduled and not scheduled & PRODUCERS, stale.stdout
+
     report = snakemake("--report", "report.html", "--configfile", config, cwd=tmp_path)
     assert report.returncode == 0, report.stdout + report.stderr
     html = (tmp_path / "report.html").read_text(errors="replace")
     for name in ("tau_vs_budget.png", "depth_acceptance.png", "table1.md"):
         assert name in html, f"{name} missing from snakemake --report"
+
+
+def test_rerun_benchmark_cells_rebuild_the_tables_in_the_same_invocation(tmp_path: Path) -> None:
+    """Cells that rerun (here forced; after a retrained adapter, by Snakemake itself) bring analyze along: with
+    ancient() raw logs Snakemake 9 left the tidy tables and figures of the old cells in place."""
+    shutil.copytree(FIXTURES / "results", tmp_path / "results")
+    config = str(FIXTURES / "config.yaml")
+    assert snakemake("figures", "--configfile", config, cwd=tmp_path).returncode == 0
+    dry = snakemake("figures", "-n", "--forcerun", "bench_cell", "--configfile", config, cwd=tmp_path)
+    assert dry.returncode == 0, dry.stdout + dry.stderr
+    counts = job_counts(dry.stdout)
+    assert counts.get("bench_cell", 0) > 0 and counts.get("analyze") == 1, counts
+    analyze = dry.stdout.split("rule analyze:", 1)[1]
+    reason = next(line for line in analyze.splitlines() if line.strip().startswith("reason:"))
+    assert "meta.json" in reason, reason  # brought along by the cells, not only by the kernel table
 
 
 def test_environment_yml_matches_pyproject() -> None:
