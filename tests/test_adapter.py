@@ -25,6 +25,7 @@ from weaver.training.adapter import (
     train,
     wsd_lr,
 )
+from weaver.training.muon import Muon
 
 V, D_MODEL, D_RANK, HEADS, MLP, LAYERS, DEPTH = 53, 24, 32, 4, 40, 2, 5
 
@@ -300,7 +301,7 @@ def test_few_steps_reduce_the_loss_on_a_fixed_batch(name: str, lr: float) -> Non
     weaver = new_adapter(TRAIN_D, TRAIN_D, d_rank=32, num_layers=1, num_heads=4, mlp_dim=48, pool_size=12)
     optimizers = make_optimizers(weaver, TrainConfig(lr=lr, optimizer=name))
     if name == "muon":  # the matrices under Muon, every other parameter (norm gains and biases) under AdamW
-        assert isinstance(optimizers[0], torch.optim.Muon) and isinstance(optimizers[1], torch.optim.AdamW)
+        assert isinstance(optimizers[0], Muon) and isinstance(optimizers[1], torch.optim.AdamW)
         assert {p.ndim for g in optimizers[0].param_groups for p in g["params"]} == {2}
         assert 2 not in {p.ndim for g in optimizers[1].param_groups for p in g["params"]}
     assert sum(p.numel() for o in optimizers for g in o.param_groups for p in g["params"]) == sum(

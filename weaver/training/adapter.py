@@ -30,6 +30,7 @@ from typing import Any
 import torch
 
 from weaver.adapter import CandidatePools, Weaver, WeaverConfig, candidate_pools
+from weaver.training.muon import Muon
 from weaver.training.resume import add_restart_argument, resumable
 
 
@@ -265,14 +266,15 @@ def concat_batches(batches: list[AdapterBatch]) -> AdapterBatch:
 def make_optimizers(weaver: Weaver, cfg: TrainConfig) -> list[torch.optim.Optimizer]:
     """AdamW over every parameter, or the paper's split: Muon for the matrices, AdamW for the rest (norm gains, biases).
 
-    Muon's update is scaled to AdamW's RMS (adjust_lr_fn="match_rms_adamw"), so one peak --lr serves both.
+    Muon's update is scaled to AdamW's RMS (adjust_lr_fn="match_rms_adamw"), so one peak --lr serves both; its
+    Newton-Schulz iteration runs in float32 on a CPU (weaver.training.muon: torch's bfloat16 one is slow there).
     """
     if cfg.optimizer == "adamw":
         return [torch.optim.AdamW(weaver.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)]
     matrices = [p for p in weaver.parameters() if p.ndim == 2]
     rest = [p for p in weaver.parameters() if p.ndim != 2]
     return [
-        torch.optim.Muon(matrices, lr=cfg.lr, weight_decay=cfg.weight_decay, adjust_lr_fn="match_rms_adamw"),
+        Muon(matrices, lr=cfg.lr, weight_decay=cfg.weight_decay, adjust_lr_fn="match_rms_adamw"),
         torch.optim.AdamW(rest, lr=cfg.lr, weight_decay=cfg.weight_decay),
     ]
 
