@@ -9,7 +9,9 @@ told otherwise.
 
 from __future__ import annotations
 
+import argparse
 import math
+import time
 
 import torch
 
@@ -73,8 +75,6 @@ class Muon(torch.optim.Muon):
 
 def bench(matrices: list[torch.Tensor], steps: int) -> dict[str, float]:
     """Milliseconds per optimizer step over `matrices` (random gradients), side by side in one process."""
-    import time
-
     for matrix in matrices:
         matrix.grad = torch.randn_like(matrix) * 1e-3
     optimizers = {
@@ -93,8 +93,6 @@ def bench(matrices: list[torch.Tensor], steps: int) -> dict[str, float]:
 
 
 def main(argv: list[str] | None = None) -> None:
-    import argparse
-
     from weaver.adapter import Weaver
     from weaver.training.adapter import new_adapter
 
