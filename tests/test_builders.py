@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+import heapq
 import itertools
 import math
 from dataclasses import dataclass
@@ -149,6 +151,51 @@ def test_weaver_fan_out_is_the_bound_children(adapter, children: int) -> None:
     assert max(fan_out) <= children and fan_out[0] == children
     with pytest.raises(ValueError, match="children must be >= 1"):
         adapter.weaver.bind(torch.randn(V, D_MODEL), torch.randn(V, D_MODEL), children=0)
+
+
+def eager_weaver_tree(block: Block, root: int, budget: int, adapter, width: int):
+    """Reference: the paper's publishing, every expanded node pushes all its top `children` pool entries at once."""
+    search = WeaverSearch(adapter, block, budget + 1)
+    max_depth = block.logits.shape[0]  # D < the default depth cap
+    tokens, parents, depths, scores = [root], [-1], [0], [0.0]
+    frontier, tie, expand = [], itertools.count(), [0]
+    while True:
+        if expand:
+            logits = search.expand(expand, [tokens[s] for s in expand], [depths[s] for s in expand])
+            local = logits - torch.logsumexp(logits, -1, keepdim=True)
+            top_lp, top_idx = local.topk(min(adapter.children, local.shape[-1]), dim=-1)
+            for row, s in enumerate(expand):
+                ids = search.pools.ids[depths[s], top_idx[row]].tolist()
+                for lp, token in zip(top_lp[row].tolist(), ids, strict=True):
+                    if math.isfinite(lp):
+                        heapq.heappush(frontier, (-(scores[s] + lp), next(tie), token, s))
+        if len(tokens) > budget or not frontier:
+            break
+        expand = []
+        for _ in range(min(width, budget + 1 - len(tokens), len(frontier))):
+            neg, _, token, parent = heapq.heappop(frontier)
+            tokens.append(token)
+            parents.append(parent)
+            depths.append(depths[parent] + 1)
+            scores.append(-neg)
+            search.adopt(len(tokens) - 1, parent)
+            if depths[-1] < max_depth:
+                expand.append(len(tokens) - 1)
+        if len(tokens) > budget:
+            break
+    return tokens, parents
+
+
+@pytest.mark.parametrize("children", [1, 3, 8, 20])
+@pytest.mark.parametrize("budget,width", [(9, 1), (30, 2), (64, 4), (64, 7)], ids=lambda v: str(v))
+def test_lazy_sibling_publishing_equals_pushing_all_children(adapter, children: int, budget: int, width: int) -> None:
+    """The builder pushes one child per expanded node and the next sibling on each pop: same tree as the paper's
+    publishing of every top-`children` entry (random residuals, so paths compete across depths and parents)."""
+    bound = dataclasses.replace(adapter, children=children)
+    block = random_block(budget + children)
+    tree = build_tree("weaver", block, 2, budget=budget, adapter=bound, width=width)
+    tokens, parents = eager_weaver_tree(block, 2, budget, bound, width)
+    assert tree.tokens.tolist() == tokens and tree.parents.tolist() == parents
 
 
 @pytest.mark.parametrize("budget", [16, 40, 64])

@@ -173,26 +173,37 @@ def weaver_tree(
 ) -> Tree:
     """Batched best-first over Weaver's cumulative pool log-probs.
 
-    Pop the best w frontier entries globally, give them slots, run ONE Weaver step on them, publish each one's top-8
-    pool children (score = parent score + logit - logsumexp over the pool); the last pop only materialises. Pool ids
-    are distinct, so siblings are too.
+    Pop the best w frontier entries globally, give them slots, run ONE Weaver step on them, publish each one's top
+    `children` pool children (score = parent score + logit - logsumexp over the pool); the last pop only materialises.
+    Pool ids are distinct, so siblings are too.
+
+    Publishing is lazy: an expanded node enters the frontier with its best child only, and popping its rank-r child
+    pushes its rank-(r + 1) one. A sibling never outscores a better-ranked one, so the pops (and the tree) are those
+    of pushing all `children` at once, while the heap holds at most one entry per expanded node: a fan-out as large
+    as the pool costs no more than the paper's 8.
     """
     w = width or weaver_width(budget)
     search = WeaverSearch(adapter, block, budget + 1)
     nodes = _Nodes(tokens=[root], parents=[-1], depths=[0], logprobs=[0.0], scores=[0.0])
-    frontier: list[tuple[float, int, int, int, float]] = []  # (-score, tie-break, token, parent slot, local logprob)
+    ranked: dict[int, tuple[list[float], list[int]]] = {}  # expanded slot -> its children's local log-probs, tokens
+    frontier: list[tuple[float, int, int, int]] = []  # (-score, tie-break, parent slot, child rank)
     tie = itertools.count()
     expand = [0]
     while True:
         if expand:
-            _publish(search, nodes, expand, frontier, tie)
+            _publish(search, nodes, expand, ranked, frontier, tie)
         if len(nodes.tokens) > budget or not frontier:
             break
         expand = []
-        for _ in range(min(w, budget + 1 - len(nodes.tokens), len(frontier))):
-            neg, _, token, parent, lp = heapq.heappop(frontier)
-            slot = nodes.add(token, parent, lp, -neg)
+        for _ in range(min(w, budget + 1 - len(nodes.tokens))):
+            if not frontier:
+                break
+            neg, _, parent, rank = heapq.heappop(frontier)
+            logprobs, tokens = ranked[parent]
+            slot = nodes.add(tokens[rank], parent, logprobs[rank], -neg)
             search.adopt(slot, parent)
+            if rank + 1 < len(tokens):
+                heapq.heappush(frontier, (-(nodes.scores[parent] + logprobs[rank + 1]), next(tie), parent, rank + 1))
             if nodes.depths[slot] < max_depth:
                 expand.append(slot)
         if len(nodes.tokens) > budget:
@@ -223,19 +234,22 @@ def _publish(
     search: WeaverSearch,
     nodes: _Nodes,
     expand: list[int],
-    frontier: list[tuple[float, int, int, int, float]],
+    ranked: dict[int, tuple[list[float], list[int]]],
+    frontier: list[tuple[float, int, int, int]],
     tie: itertools.count,
 ) -> None:
-    """One batched Weaver step on `expand`; push each node's top `children` pool entries onto the frontier heap."""
+    """One batched Weaver step on `expand`: rank each node's top `children` pool entries into `ranked` and push its
+    best one onto the frontier heap (padding pool entries, with -inf logits, are dropped)."""
     depths = [nodes.depths[s] for s in expand]
     logits = search.expand(expand, [nodes.tokens[s] for s in expand], depths)
     local = logits - torch.logsumexp(logits, dim=-1, keepdim=True)
     top_lp, top_idx = local.topk(min(search.children, local.shape[-1]), dim=-1)
     top_ids = search.pools.ids[torch.tensor(depths, device=top_idx.device)].gather(1, top_idx)
     for row, s in enumerate(expand):
-        for lp, token in zip(top_lp[row].tolist(), top_ids[row].tolist(), strict=True):
-            if math.isfinite(lp):  # padding pool entries have -inf logits
-                heapq.heappush(frontier, (-(nodes.scores[s] + lp), next(tie), token, s, lp))
+        logprobs = [lp for lp in top_lp[row].tolist() if math.isfinite(lp)]
+        if logprobs:
+            ranked[s] = (logprobs, top_ids[row].tolist()[: len(logprobs)])
+            heapq.heappush(frontier, (-(nodes.scores[s] + logprobs[0]), next(tie), s, 0))
 
 
 @register_builder("weaver_chain")
