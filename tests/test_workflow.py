@@ -16,6 +16,7 @@ ROOT = Path(__file__).resolve().parent.parent
 FIXTURES = ROOT / "tests" / "fixtures"
 SNAKEMAKE = Path(sys.executable).with_name("snakemake")
 PRODUCERS = {"build_hybrid", "train_drafter", "train_adapter", "build_kernels", "kernel_bench", "bench_cell"}
+PRODUCERS |= {"eval_depth"}
 
 
 def snakemake(*argv: str, cwd: Path = ROOT, timeout: int = 300) -> subprocess.CompletedProcess:
@@ -151,9 +152,10 @@ def test_paper_config_has_the_papers_grid() -> None:
         ({"grids": [{"models": ["smollm2-135m"], "datasets": ["mt_bench"], "methods": ["ar", "chain"], "budgets": [4],
                      "temperatures": [0], "budget_free": ["ddtree"]}]}, ["grids.budget_free", "'ddtree'", "'chain'"]),
         ({"weaver_children": 16, "backend": "sglang"}, ["weaver_children", "backend engine", "'sglang'"]),
+        ({"figures": {"tree_methods": ["ddtree"]}}, ["figures.tree_methods", "'smollm2-135m'", "'chain', 'weaver'"]),
     ],
     ids=["unknown-method", "unknown-verify-mode", "misspelt-key", "zero-prompts", "budget-free-not-in-grid",
-         "children-on-sglang"],
+         "children-on-sglang", "no-tree-method-benchmarked"],
 )  # fmt: skip
 def test_bad_config_fails_at_once_naming_key_and_allowed(tmp_path: Path, change: dict, names: list[str]) -> None:
     config = yaml.safe_load((ROOT / "config" / "smoke.yaml").read_text())
@@ -183,10 +185,14 @@ def test_figures_rebuild_from_committed_logs_without_producing_jobs(tmp_path: Pa
     figures = tmp_path / "figures" / "fixture"
     names = ["table1.md", "table1.tex", "per_dataset.md", "tau_vs_budget.png", "tau_vs_budget.pdf"]
     names += ["depth_acceptance.png", "speedup_vs_budget.pdf", "gdn_kernel_time.png", "gdn_kernel_time.tex"]
+    names += ["tree_tau.md", "tree_tau.tex"]
     for name in names:
         assert (figures / name).stat().st_size > 0, name
     table1 = (figures / "table1.md").read_text()
     assert "Weaver tree" in table1 and "1.00" in table1  # AR's speedup over itself, computed from the logs
+    trees = (figures / "tree_tau.md").read_text()  # fixture: Weaver macro (1.75 + 1.625) / 2 over DDTree's 1.375
+    weaver_row = next(line for line in trees.splitlines() if "Weaver tree" in line)
+    assert "1.69" in weaver_row and "1.23" in weaver_row, trees
 
     again = snakemake("figures", "-n", "--configfile", config, cwd=tmp_path)
     assert "Nothing to be done" in again.stdout + again.stderr

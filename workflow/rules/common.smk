@@ -16,6 +16,9 @@ os.environ["PATH"] = os.pathsep.join([os.path.dirname(sys.executable), os.enviro
 from weaver import paths
 
 
+TREE_BUILDERS = {"chain", "ddtree", "weaver", "weaver_chain"}  # methods that draft a tree from the drafter
+
+
 def fill_defaults(instance, schema):
     """Fill schema defaults into the config in place (objects only; the schema gives every default)."""
     for key, sub in schema.get("properties", {}).items():
@@ -50,6 +53,14 @@ def validate_config(config, schema_path):
                 raise ValueError(
                     f"config key grids.budget_free: {method!r} is not a tree method of the same grid {grid['methods']}"
                 )
+    scored = set(config["figures"]["tree_methods"])
+    for model in config["models"]:
+        benched = {m for grid in config["grids"] if model in grid["models"] for m in grid["methods"]}
+        if benched & TREE_BUILDERS and not benched & scored:
+            raise ValueError(
+                f"config key figures.tree_methods: none of {sorted(scored)} is benchmarked for {model!r} (its grids:"
+                f" {sorted(benched)}), so eval_depth would score no tree; add one of {sorted(benched & TREE_BUILDERS)}"
+            )
     if config["weaver_children"] != 8 and config["backend"] != "engine":
         raise ValueError(
             f"config key weaver_children: {config['weaver_children']} needs backend engine (got {config['backend']!r}:"
@@ -100,6 +111,7 @@ ARTIFACT_EXTS = {
     "per_dataset": ["md", "tex"],
     "tau_vs_budget": ["png", "pdf"],
     "depth_acceptance": ["png", "pdf"],
+    "tree_tau": ["md", "tex"],
     "speedup_vs_budget": ["png", "pdf"],
 }
 if KERNEL_BENCH:

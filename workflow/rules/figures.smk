@@ -43,6 +43,7 @@ rule tau_vs_budget:
 
 
 DEPTH_EVAL = paths.RUN + "/raw/depth/{model}.csv"  # teacher-forced per-depth acceptance (python -m weaver.eval_depth)
+DEPTH_TREES = paths.RUN + "/raw/depth/{model}.trees.csv"  # teacher-forced whole trees on the same anchors
 
 
 def grid_methods(model):
@@ -54,7 +55,16 @@ def uses_adapter(model):
     return bool(grid_methods(model) & {"weaver", "weaver_chain"})
 
 
-DEPTH_MODELS = [m for m in config["models"] if grid_methods(m) & {"chain", "ddtree", "weaver", "weaver_chain"}]
+def tree_flags(wc, output):
+    """eval_depth's --trees: the configured builders this model's grids benchmark, at the headline budget."""
+    methods = [m for m in config["figures"]["tree_methods"] if m in grid_methods(wc.model)]  # never empty: checked
+    flags = ["--trees", *methods, "--budget", config["figures"]["headline_budget"], "--trees-out", output.trees]
+    if uses_adapter(wc.model):
+        flags += ["--children", config["weaver_children"]]
+    return args(flags)
+
+
+DEPTH_MODELS = [m for m in config["models"] if grid_methods(m) & TREE_BUILDERS]
 
 
 rule eval_depth:
@@ -63,7 +73,8 @@ rule eval_depth:
         drafter=lambda wc: checkpoint_input(wc.model, "drafter"),
         adapter=lambda wc: checkpoint_input(wc.model, "adapter") if uses_adapter(wc.model) else [],
     output:
-        DEPTH_EVAL,
+        marginals=DEPTH_EVAL,
+        trees=DEPTH_TREES,
     log:
         log("eval_depth"),
     params:
@@ -73,6 +84,7 @@ rule eval_depth:
         datasets=" ".join(config["datasets"]),
         n=min(config["datasets"].values()),
         temperatures=" ".join(sorted({paths.temperature_label(t) for g in config["grids"] for t in g["temperatures"]})),
+        trees=tree_flags,
     priority: 5
     threads: THREADS
     resources:
@@ -81,7 +93,7 @@ rule eval_depth:
         "OMP_NUM_THREADS={threads} python -m weaver.eval_depth --model {params.target} --model-name {wildcards.model} "
         "--drafter {params.drafter} {params.adapter} --dataset {params.datasets} --n-prompts {params.n} "
         "--max-new-tokens {config[max_new_tokens]} --temperatures {params.temperatures} --seed {config[seed]} "
-        "--threads {threads} --out {output} > {log} 2>&1"
+        "--threads {threads} --out {output.marginals} {params.trees} > {log} 2>&1"
 
 
 rule depth_acceptance:
@@ -93,6 +105,17 @@ rule depth_acceptance:
         paths.LOG.format(run=RUN, rule="figures", job="depth_acceptance"),
     script:
         "../scripts/depth_acceptance.py"
+
+
+rule tree_tau:
+    input:
+        trees=expand(DEPTH_TREES, run=RUN, model=DEPTH_MODELS),
+    output:
+        artifact("tree_tau"),
+    log:
+        paths.LOG.format(run=RUN, rule="figures", job="tree_tau"),
+    script:
+        "../scripts/tree_tau.py"
 
 
 rule speedup_vs_budget:
