@@ -413,6 +413,32 @@ def test_resume_refuses_other_settings_or_restarts_when_asked(tmp_path) -> None:
     assert Weaver.load(tmp_path / "adapter.pt").config.candidate_pool_size == 12
 
 
+def test_resume_refuses_a_state_trained_against_another_drafter_or_target(tmp_path) -> None:
+    """Same configs, other inputs (a retrained drafter, a rebuilt target): resuming would keep the stale adapter."""
+    drafter = tiny_drafter()
+    embed, lm_head = torch.randn(TRAIN_V, TRAIN_D), torch.randn(TRAIN_V, TRAIN_D)
+    store = FakeStore([fake_example(14, seed=s) for s in range(3)])
+    cfg = TrainConfig(steps=2, seqs_per_step=2, anchors_per_seq=2, warmup=1, pool_size=10)
+
+    def adapter() -> Weaver:
+        return new_adapter(TRAIN_D, TRAIN_D, d_rank=16, num_layers=1, num_heads=2, mlp_dim=24, pool_size=10)
+
+    train(adapter(), drafter, store, embed, lm_head, cfg, tmp_path, log=lambda _: None)
+    assert train(adapter(), drafter, store, embed, lm_head, cfg, tmp_path, log=lambda _: None) == []  # same inputs
+    retrained = tiny_drafter()
+    with torch.no_grad():
+        next(retrained.parameters()).add_(1e-3)
+    with pytest.raises(ValueError, match=r"input drafter: '[0-9a-f]{16}' -> '[0-9a-f]{16}'"):
+        train(adapter(), retrained, store, embed, lm_head, cfg, tmp_path, log=lambda _: None)
+    with pytest.raises(ValueError, match="input target_embed_head"):
+        train(adapter(), drafter, store, embed, lm_head + 1, cfg, tmp_path, log=lambda _: None)
+    messages: list[str] = []
+    history = train(
+        adapter(), retrained, store, embed, lm_head, cfg, tmp_path, messages.append, restart_if_changed=True
+    )
+    assert len(history) == 2 and "training from scratch" in messages[0]
+
+
 def test_cli_refuses_to_overwrite_a_foreign_adapter(tmp_path) -> None:
     from weaver.train import main
 

@@ -8,6 +8,7 @@ import math
 
 import pytest
 import torch
+from safetensors.torch import load_file
 from tokenizers import Tokenizer, models, pre_tokenizers
 from transformers import AutoModelForCausalLM, LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
 
@@ -129,6 +130,27 @@ def test_recipe_distils_and_writes_a_loadable_folder(tmp_path, teacher_dir, shar
     assert target.config.hybrid and tokenizer.encode("w1 w2", add_special_tokens=False) == [6, 7]
     with torch.no_grad():
         torch.testing.assert_close(target(generated).logits, loaded(generated).logits, rtol=1e-4, atol=1e-4)
+
+
+def test_step_budget_builds_the_same_hybrid_twice(tmp_path, teacher_dir, sharegpt_file):
+    """--steps fixes both schedules by step count: the seeded build is reproducible (a CPU-time budget is not)."""
+    parser = argparse.ArgumentParser()
+    recipe.add_arguments(parser)
+    weights = []
+    for name in ("a", "b"):
+        args = parser.parse_args(["--out", str(tmp_path / name), "--teacher", str(teacher_dir), "--data", sharegpt_file,
+                                  "--steps", "3", "2", "--batch-size", "2", "--seq-len", "32", "--heldout-rows", "2",
+                                  "--log-every", "100"])  # fmt: skip
+        report = recipe.main(args)
+        assert (report.layerwise.steps, report.logits.steps) == (3, 2)
+        weights.append(load_file(tmp_path / name / "model.safetensors"))
+    assert weights[0].keys() == weights[1].keys()
+    for key, value in weights[0].items():
+        assert torch.equal(value, weights[1][key]), key
+    with pytest.raises(SystemExit):
+        parser.parse_args(["--out", "x", "--steps", "3", "2", "--cpu-minutes", "1"])
+    with pytest.raises(ValueError, match="--steps needs two positive"):
+        recipe.main(parser.parse_args(["--out", str(tmp_path / "c"), "--steps", "0", "2"]))
 
 
 def test_registry_name_resolves_to_the_pipeline_folder_once_built(tmp_path, monkeypatch):

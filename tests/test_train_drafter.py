@@ -274,6 +274,30 @@ def test_train_drafter_checkpoints_and_resumes(tmp_path, store, target):
     assert stats.steps == 6 and len(list(tmp_path.glob("train_state.stale-*.pt"))) == 1
 
 
+def test_train_drafter_refuses_a_state_of_another_target(tmp_path, store, target):
+    """The same recipe against another target (here its LM head changed) must not resume the old drafter."""
+    train = DrafterTrainConfig(steps=2, save_every=2, seqs_per_step=2, anchors_per_seq=4, warmup_steps=1)
+    train_drafter(init_drafter(drafter_config(), seed=0), store, target.embed_tokens, target.lm_head, train, tmp_path)
+    weight = next(target.lm_head.parameters())
+    saved = weight.detach().clone()
+    try:
+        with torch.no_grad():
+            weight.mul_(1.01)
+        with pytest.raises(ValueError, match="input target_embed_head"):
+            train_drafter(
+                init_drafter(drafter_config(), seed=0), store, target.embed_tokens, target.lm_head, train, tmp_path
+            )
+    finally:
+        with torch.no_grad():
+            weight.copy_(saved)
+    messages: list[str] = []
+    stats = train_drafter(
+        init_drafter(drafter_config(), seed=0), store, target.embed_tokens, target.lm_head, train, tmp_path,
+        log=messages.append,
+    )  # fmt: skip
+    assert stats.steps == 0 and any("resumed" in m for m in messages)  # same inputs: resumes at the end
+
+
 def test_training_blocks_match_inference_drafts(store, target):
     """A block as trained (cached features, masked pack) equals the block drafted at inference (prefill + cache)."""
     drafter = init_drafter(drafter_config(), seed=2)

