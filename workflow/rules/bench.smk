@@ -1,9 +1,5 @@
 # The benchmark grid: one job per (model, dataset, method, budget, temperature) cell, meta.json as its marker.
 
-DRAFTER_METHODS = ("chain", "ddtree", "weaver", "weaver_chain")
-ADAPTER_METHODS = ("weaver", "weaver_chain")
-
-
 def bench_inputs(wc):
     inputs = {"target": target_input(wc.model), "kernels": paths.KERNEL_BUILD.format(run=RUN)}
     if wc.method in DRAFTER_METHODS:

@@ -16,7 +16,8 @@ os.environ["PATH"] = os.pathsep.join([os.path.dirname(sys.executable), os.enviro
 from weaver import paths
 
 
-TREE_BUILDERS = {"chain", "ddtree", "weaver", "weaver_chain"}  # methods that draft a tree from the drafter
+DRAFTER_METHODS = frozenset({"chain", "ddtree", "weaver", "weaver_chain"})  # methods that draft from the drafter
+ADAPTER_METHODS = frozenset({"weaver", "weaver_chain"})  # ... and those that also need the Weaver adapter
 
 
 def fill_defaults(instance, schema):
@@ -56,10 +57,10 @@ def validate_config(config, schema_path):
     scored = set(config["figures"]["tree_methods"])  # empty: no teacher-forced trees (no table tree_tau)
     for model in config["models"]:
         benched = {m for grid in config["grids"] if model in grid["models"] for m in grid["methods"]}
-        if scored and benched & TREE_BUILDERS and not benched & scored:
+        if scored and benched & DRAFTER_METHODS and not benched & scored:
             raise ValueError(
                 f"config key figures.tree_methods: none of {sorted(scored)} is benchmarked for {model!r} (its grids:"
-                f" {sorted(benched)}), so eval_depth would score no tree; add one of {sorted(benched & TREE_BUILDERS)}"
+                f" {sorted(benched)}), so eval_depth would score no tree; add one of {sorted(benched & DRAFTER_METHODS)}"
             )
     if config["weaver_children"] != 8 and config["backend"] != "engine":
         raise ValueError(

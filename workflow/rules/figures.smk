@@ -52,7 +52,7 @@ def grid_methods(model):
 
 def uses_adapter(model):
     """Weaver rows only where the grids benchmark Weaver (a model may have a drafter but no adapter to train)."""
-    return bool(grid_methods(model) & {"weaver", "weaver_chain"})
+    return bool(grid_methods(model) & ADAPTER_METHODS)
 
 
 TREE_METHODS = config["figures"]["tree_methods"]  # empty: eval_depth scores no trees, no table tree_tau
@@ -70,7 +70,7 @@ def tree_flags(wc, output):
     return args(flags)
 
 
-DEPTH_MODELS = [m for m in config["models"] if grid_methods(m) & TREE_BUILDERS]
+DEPTH_MODELS = [m for m in config["models"] if grid_methods(m) & DRAFTER_METHODS]
 
 
 rule eval_depth:
