@@ -186,7 +186,7 @@ def test_figures_rebuild_from_committed_logs_without_producing_jobs(tmp_path: Pa
     figures = tmp_path / "figures" / "fixture"
     names = ["table1.md", "table1.tex", "per_dataset.md", "tau_vs_budget.png", "tau_vs_budget.pdf"]
     names += ["depth_acceptance.png", "speedup_vs_budget.pdf", "gdn_kernel_time.png", "gdn_kernel_time.tex"]
-    names += ["tree_tau.md", "tree_tau.tex"]
+    names += ["tree_tau.md", "tree_tau.tex", "tau_ratios.md", "tau_ratios.tex"]
     for name in names:
         assert (figures / name).stat().st_size > 0, name
     table1 = (figures / "table1.md").read_text()
@@ -194,6 +194,9 @@ def test_figures_rebuild_from_committed_logs_without_producing_jobs(tmp_path: Pa
     trees = (figures / "tree_tau.md").read_text()  # fixture: Weaver macro (1.75 + 1.625) / 2 over DDTree's 1.375
     weaver_row = next(line for line in trees.splitlines() if "Weaver tree" in line)
     assert "1.69" in weaver_row and "1.23" in weaver_row, trees
+    ratios = (figures / "tau_ratios.md").read_text()  # fixture, budget 8: Weaver 3.171, DDTree 2.838, chain 2.056
+    row = next(line for line in ratios.splitlines() if line.split("|")[3:4] == ["        8 "])
+    assert [cell.strip() for cell in row.split("|")[4:10]] == ["2.06", "2.84", "3.17", "1.12", "1.54", "1.38"], ratios
 
     again = snakemake("figures", "-n", "--configfile", config, cwd=tmp_path)
     assert "Nothing to be done" in again.stdout + again.stderr

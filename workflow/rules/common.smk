@@ -110,6 +110,7 @@ FIGURE_DIR = paths.FIGURE_DIR.format(run=RUN)
 ARTIFACT_EXTS = {
     "table1": ["md", "tex"],
     "per_dataset": ["md", "tex"],
+    "tau_ratios": ["md", "tex"],
     "tau_vs_budget": ["png", "pdf"],
     "depth_acceptance": ["png", "pdf"],
     "speedup_vs_budget": ["png", "pdf"],

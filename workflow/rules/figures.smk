@@ -31,6 +31,17 @@ rule per_dataset:
         "../scripts/per_dataset.py"
 
 
+rule tau_ratios:
+    input:
+        macro=TIDY["macro"],
+    output:
+        artifact("tau_ratios"),
+    log:
+        paths.LOG.format(run=RUN, rule="figures", job="tau_ratios"),
+    script:
+        "../scripts/tau_ratios.py"
+
+
 rule tau_vs_budget:
     input:
         macro=TIDY["macro"],
