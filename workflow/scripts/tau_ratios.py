@@ -15,6 +15,7 @@ import plot_style  # noqa: E402
 
 BUILDERS = ["chain", "ddtree", "weaver"]
 RATIOS = [("weaver", "ddtree"), ("weaver", "chain"), ("ddtree", "chain")]
+SHORT = {"chain": "chain", "ddtree": "DDTree", "weaver": "Weaver"}  # ratio column names
 
 
 def ratio_table(macro: pd.DataFrame) -> pd.DataFrame:
@@ -24,7 +25,7 @@ def ratio_table(macro: pd.DataFrame) -> pd.DataFrame:
     present = [m for m in BUILDERS if m in wide.columns]
     for num, den in RATIOS:
         if num in present and den in present:
-            wide[f"{plot_style.METHOD_LABELS[num]} / {plot_style.METHOD_LABELS[den]}"] = wide[num] / wide[den]
+            wide[f"{SHORT[num]} / {SHORT[den]}"] = wide[num] / wide[den]
     wide = wide.rename(columns={m: plot_style.METHOD_LABELS[m] for m in present})
     wide.columns.name = None
     return wide.sort_values(["model", "temperature", "budget"])
