@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import shutil
@@ -198,6 +199,11 @@ def test_figures_rebuild_from_committed_logs_without_producing_jobs(tmp_path: Pa
     rows = [[cell.strip() for cell in line.split("|")[1:-1]] for line in ratios.splitlines() if line.startswith("|")]
     budget8 = next(row for row in rows if row[2] == "8")
     assert budget8[3:9] == ["2.06", "2.84", "3.17", "1.12", "1.54", "1.38"], ratios
+    steps = (figures / "step_time.md").read_text()
+    rows = [[cell.strip() for cell in line.split("|")[1:-1]] for line in steps.splitlines() if line.startswith("|")]
+    weaver8 = next(row for row in rows if row[1] == "Weaver tree" and row[2] == "8")
+    expected = decode_ms_per_step(tmp_path, "weaver", 8) / decode_ms_per_step(tmp_path, "ar", 0)
+    assert weaver8[6] == f"{decode_ms_per_step(tmp_path, 'weaver', 8):.2f}" and weaver8[8] == f"{expected:.2f}", steps
 
     again = snakemake("figures", "-n", "--configfile", config, cwd=tmp_path)
     assert "Nothing to be done" in again.stdout + again.stderr
@@ -213,6 +219,17 @@ def test_figures_rebuild_from_committed_logs_without_producing_jobs(tmp_path: Pa
     html = (tmp_path / "report.html").read_text(errors="replace")
     for name in ("tau_vs_budget.png", "depth_acceptance.png", "table1.md"):
         assert name in html, f"{name} missing from snakemake --report"
+
+
+def decode_ms_per_step(root: Path, method: str, budget: int) -> float:
+    """From a run's raw records: ms per decoding step (wall time less time to first token) pooled over each
+    dataset's requests, then averaged over datasets (what figures/*/step_time reports)."""
+    per_dataset = []
+    for records in sorted(root.glob(f"results/*/raw/bench/*/*/{method}/b{budget}-t0/records.jsonl")):
+        rows = [json.loads(line) for line in records.read_text().splitlines()]
+        per_dataset.append(1000 * sum(r["wall_s"] - r["ttft_s"] for r in rows) / sum(r["steps"] for r in rows))
+    assert per_dataset, f"no {method} b{budget} records under {root}"
+    return sum(per_dataset) / len(per_dataset)
 
 
 def test_rerun_benchmark_cells_rebuild_the_tables_in_the_same_invocation(tmp_path: Path) -> None:

@@ -114,6 +114,7 @@ ARTIFACT_EXTS = {
     "tau_vs_budget": ["png", "pdf"],
     "depth_acceptance": ["png", "pdf"],
     "speedup_vs_budget": ["png", "pdf"],
+    "step_time": ["md", "tex"],
 }
 if config["figures"]["tree_methods"]:
     ARTIFACT_EXTS["tree_tau"] = ["md", "tex"]

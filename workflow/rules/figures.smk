@@ -147,6 +147,19 @@ rule speedup_vs_budget:
         "../scripts/speedup_vs_budget.py"
 
 
+rule step_time:
+    input:
+        requests=TIDY["requests"],
+    output:
+        artifact("step_time"),
+    params:
+        temperature=config["figures"]["headline_temperature"],
+    log:
+        paths.LOG.format(run=RUN, rule="figures", job="step_time"),
+    script:
+        "../scripts/step_time.py"
+
+
 if KERNEL_BENCH:
 
     rule gdn_kernel_time:
