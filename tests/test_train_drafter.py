@@ -5,6 +5,8 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import subprocess
+import sys
 
 import pytest
 import torch
@@ -370,3 +372,12 @@ def test_cli_trains_a_loadable_drafter(tmp_path):
     assert drafter.cfg.target_layer_ids == (1, 3) and drafter.cfg.hidden_size == D_MODEL
     assert drafter.hidden_layers == (1, 3, N_LAYERS - 1)
     assert FeatureStore(out / "features").hidden_layers == drafter.hidden_layers
+
+
+def test_training_progress_reaches_a_redirected_log_line_by_line():
+    def buffering(setup: str) -> str:
+        code = f"import sys, weaver.train; {setup}; print(sys.stdout.line_buffering)"
+        return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.strip()
+
+    assert buffering("pass") == "False"  # a pipe is block-buffered by default: a log would fill only at exit
+    assert buffering("weaver.train.line_buffered_stdout()") == "True"

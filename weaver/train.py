@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import io
 import sys
 from types import ModuleType
 
@@ -43,8 +44,16 @@ def build_parser(argv: list[str]) -> argparse.ArgumentParser:
     return parser
 
 
+def line_buffered_stdout() -> None:
+    """Flush stdout at every line even when it is a file or a pipe (the workflow's logs), so that the progress of an
+    hour-long training run can be followed while it runs instead of appearing at its end."""
+    if isinstance(sys.stdout, io.TextIOWrapper):
+        sys.stdout.reconfigure(line_buffering=True)
+
+
 def main(argv: list[str] | None = None) -> None:
     argv = sys.argv[1:] if argv is None else argv
+    line_buffered_stdout()
     args = build_parser(argv).parse_args(argv)
     trainer_module(args.trainer).main(args)
 
