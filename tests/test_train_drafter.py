@@ -22,7 +22,6 @@ from weaver.training.drafter import (
     batch_loss,
     block_hidden,
     init_drafter,
-    interleave_full_batches,
     pack_blocks,
     sample_anchors,
     train_drafter,
@@ -32,6 +31,7 @@ from weaver.training.features import (
     FeatureStore,
     TrainingSequence,
     compute_features,
+    interleave_full_batches,
     read_token_jsonl,
     regenerate,
     write_token_jsonl,
@@ -381,3 +381,50 @@ def test_training_progress_reaches_a_redirected_log_line_by_line():
 
     assert buffering("pass") == "False"  # a pipe is block-buffered by default: a log would fill only at exit
     assert buffering("weaver.train.line_buffered_stdout()") == "True"
+
+
+def test_cli_caches_features_for_a_trained_drafters_taps(tmp_path):
+    """`weaver.train features`: the adapter's own (larger) feature set for a drafter that was trained on another."""
+    from weaver.models import load_target
+    from weaver.training.features import add_arguments as add_feature_arguments
+    from weaver.training.features import target_features
+
+    write_tiny_target_folder(tmp_path / "target")
+    data = tmp_path / "data.jsonl"
+    write_token_jsonl(data, sequences(6))
+    drafter_dir = tmp_path / "drafter"
+    train_cli.main(
+        ["drafter", "--model", str(tmp_path / "target"), "--out", str(drafter_dir), "--data", str(data), "--steps", "1",
+         "--block-size", "4", "--num-layers", "1", "--target-layer-ids", "0", "2", "--seqs-per-step", "2",
+         "--num-sequences", "3", "--shard-size", "4", "--top-k", "4", "--warmup-steps", "1"]
+    )  # fmt: skip
+    feature_args = ["features", "--model", str(tmp_path / "target"), "--drafter", str(drafter_dir), "--data", str(data),
+                    "--shard-size", "2", "--top-k", "4", "--out", str(tmp_path / "feat")]  # fmt: skip
+    train_cli.main([*feature_args, "--num-sequences", "5"])
+
+    store = FeatureStore(tmp_path / "feat")
+    assert store.hidden_layers == load_drafter(drafter_dir).hidden_layers == (0, 2, N_LAYERS - 1)
+    assert len(store) == 5 and len(FeatureStore(drafter_dir / "features")) == 3
+    model, _ = load_target(str(tmp_path / "target"))
+    spec = FeatureSpec(str(tmp_path / "target"), store.hidden_layers, top_k=4, shard_size=2)
+    first = next(store.iterate())
+    expected = target_features(model.eval(), sequences(6)[0], spec)
+    assert torch.equal(first["ids"], expected["ids"]) and torch.equal(first["top_ids"], expected["top_ids"])
+    torch.testing.assert_close(first["hidden"], expected["hidden"])
+
+    with pytest.raises(ValueError, match="another target, layer set or data"):  # never mixes two data sets
+        train_cli.main([*feature_args, "--num-sequences", "4"])
+
+    parser = argparse.ArgumentParser()
+    add_feature_arguments(parser)
+    assert all(action.help for action in parser._actions)
+
+
+def test_cached_completions_of_a_smaller_run_are_refused(tmp_path):
+    from weaver.training.features import training_sequences
+
+    write_token_jsonl(tmp_path / "completions.jsonl", sequences(2))
+    args = argparse.Namespace(data="target", num_sequences=3)
+    with pytest.raises(ValueError, match="fewer than --num-sequences 3"):
+        training_sequences(args, None, None, tmp_path)
+    assert len(training_sequences(argparse.Namespace(data="target", num_sequences=2), None, None, tmp_path)) == 2

@@ -1,4 +1,4 @@
-"""Training entry point: `python -m weaver.train {drafter,adapter,hybrid} [flags]`.
+"""Training entry point: `python -m weaver.train {drafter,features,adapter,hybrid} [flags]`.
 
 Each subcommand delegates to `weaver.training.<name>` (`add_arguments(parser)`, `main(args)`). Trainer modules are
 imported lazily, so one that is missing or broken fails only its own subcommand, with a message naming it.
@@ -14,6 +14,7 @@ from types import ModuleType
 
 TRAINERS = {
     "drafter": "DFlash-style block drafter (METHOD.md section 2)",
+    "features": "cache target features for a trained drafter's taps (an adapter's own training data)",
     "adapter": "Weaver adapter over the frozen drafter (METHOD.md section 3)",
     "hybrid": "Gated DeltaNet hybrid target for the CPU default (METHOD.md section 7)",
 }

@@ -23,12 +23,9 @@ from weaver.drafter import Drafter, DrafterConfig, build_target_layer_ids, save_
 from weaver.training.features import (
     FeatureSpec,
     FeatureStore,
-    TrainingSequence,
+    add_data_arguments,
     compute_features,
-    read_token_jsonl,
-    regenerate,
-    tokenize_conversations,
-    write_token_jsonl,
+    training_sequences,
 )
 from weaver.training.losses import argmax_cross_entropy, position_decay, sparse_kl, weighted_mean
 from weaver.training.resume import add_restart_argument, fingerprint, resumable, store_fingerprint
@@ -258,28 +255,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Flags of `python -m weaver.train drafter`."""
     parser.add_argument("--model", required=True, help="target: registry name (e.g. smollm2-135m) or a local folder")
     parser.add_argument("--out", required=True, help="output folder: DFlash-format checkpoint + train_state.pt")
-    parser.add_argument(
-        "--data",
-        default="sharegpt",
-        help="'sharegpt' (weaver.data training split, first exchange of each chat), 'target' (first user turns of "
-        "that split answered by the target itself, the DFlash recipe; cached as FEATURES/completions.jsonl) or a "
-        'JSONL of token ids (one {"ids": [...], "prompt_len": k} or plain list per line)',
-    )
-    parser.add_argument("--regen-tokens", type=int, default=128, help="--data target: new tokens per completion")
-    parser.add_argument(
-        "--regen-temperatures",
-        type=float,
-        nargs="+",
-        default=[0.0, 1.0],
-        help="--data target: sampling temperatures cycled over batches (0 = greedy)",
-    )
-    parser.add_argument("--regen-batch", type=int, default=16, help="--data target: prompts decoded together")
-    parser.add_argument("--max-prompt-len", type=int, default=96, help="--data target: longest prompt kept (tokens)")
     parser.add_argument("--features", default=None, help="feature cache folder (default: OUT/features)")
-    parser.add_argument("--num-sequences", type=int, default=512, help="training sequences to featurise")
-    parser.add_argument("--max-len", type=int, default=384, help="truncate training sequences to this many tokens")
-    parser.add_argument("--top-k", type=int, default=32, help="target log-probs kept per position for the KL loss")
-    parser.add_argument("--shard-size", type=int, default=64, help="sequences per feature shard")
+    add_data_arguments(parser)
     parser.add_argument("--block-size", type=int, default=16, help="block size B (B - 1 drafted positions)")
     parser.add_argument("--num-layers", type=int, default=2, help="draft layers (DFlash uses 1-5)")
     parser.add_argument(
@@ -323,56 +300,6 @@ def drafter_config_for(model: Any, args: argparse.Namespace) -> DrafterConfig:
         rope_theta=tc.rope_theta,
         rms_norm_eps=tc.rms_norm_eps,
     )
-
-
-def training_sequences(
-    args: argparse.Namespace, model: Any, tokenizer: Any, features_dir: Path
-) -> list[TrainingSequence]:
-    """Token sequences to featurise: ShareGPT replies, the target's own completions, or a JSONL of token ids."""
-    from weaver.data import training_conversations
-
-    if args.data == "target":
-        cached = features_dir / "completions.jsonl"
-        if not cached.exists():
-            features_dir.mkdir(parents=True, exist_ok=True)
-            write_token_jsonl(cached, target_completions(args, model, tokenizer))
-        return read_token_jsonl(cached)[: args.num_sequences]
-    if args.data != "sharegpt":
-        return read_token_jsonl(args.data)[: args.num_sequences]
-    return tokenize_conversations(tokenizer, training_conversations("train", limit=args.num_sequences), args.max_len)
-
-
-def interleave_full_batches(by_len: dict[int, list[list[int]]], batch: int) -> list[list[int]]:
-    """Prompts in rounds: round r takes the r-th full batch of every length that has one, shortest length first;
-    the partial remainders come last."""
-    groups = [by_len[n] for n in sorted(by_len)]
-    rounds = max((len(g) // batch for g in groups), default=0)
-    full = [ids for r in range(rounds) for g in groups if r < len(g) // batch for ids in g[r * batch : (r + 1) * batch]]
-    rest = [ids for g in groups for ids in g[len(g) // batch * batch :]]
-    return full + rest
-
-
-def target_completions(args: argparse.Namespace, model: Any, tokenizer: Any) -> list[TrainingSequence]:
-    """args.num_sequences target completions of ShareGPT first turns of at most --max-prompt-len tokens.
-
-    Prompts of equal length decode together (see regenerate), so they are taken in full batches of one length,
-    lengths interleaved (a round over all lengths, then the next batch of each), which keeps prompt lengths diverse.
-    """
-    from weaver.data import Prompt, format_prompt, training_conversations
-
-    by_len: dict[int, list[list[int]]] = {}
-    for messages in training_conversations("train", limit=args.num_sequences * 20):
-        user = next((i for i, m in enumerate(messages) if m["role"] == "user"), None)
-        if user is not None and messages[user]["content"].strip():
-            ids = format_prompt(tokenizer, Prompt("train", "train", (messages[user],)))
-            if len(ids) <= args.max_prompt_len:
-                by_len.setdefault(len(ids), []).append(ids)
-    prompts = interleave_full_batches(by_len, args.regen_batch)[: args.num_sequences]
-    if not prompts:
-        raise ValueError(f"no ShareGPT prompt fits --max-prompt-len {args.max_prompt_len}: raise it")
-    temps = args.regen_temperatures
-    print(f"regenerating {len(prompts)} completions of {args.regen_tokens} tokens at temperatures {temps}")
-    return regenerate(model, prompts, args.regen_tokens, temps, tokenizer.eos_token_id, args.regen_batch, args.seed)
 
 
 def main(args: argparse.Namespace) -> None:

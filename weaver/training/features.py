@@ -1,4 +1,7 @@
-"""Target features for drafter training, computed once and cached to disk (METHOD.md section 2).
+"""Target features for drafter and adapter training, computed once and cached to disk (METHOD.md section 2).
+
+`python -m weaver.train features` caches them for a trained drafter's taps without training anything (the Weaver
+adapter can train on more sequences than its drafter saw); `python -m weaver.train drafter` caches them on its way.
 
 For each training sequence the target runs once (cache=None, full causal pass) and we keep what drafter training
 needs: the hidden states of the drafter's tap layers and the target's top-k next-token log-probs at every position
@@ -16,6 +19,7 @@ Shards land atomically (temp file + rename), so an interrupted run resumes at th
 
 from __future__ import annotations
 
+import argparse
 import hashlib
 import json
 import os
@@ -231,3 +235,123 @@ def write_token_jsonl(path: str | Path, sequences: Sequence[TrainingSequence]) -
     """The inverse of read_token_jsonl (one `{"ids", "prompt_len"}` object per line), written atomically."""
     lines = "".join(json.dumps({"ids": list(s.ids), "prompt_len": s.prompt_len}) + "\n" for s in sequences)
     _atomic(Path(path), lambda tmp: Path(tmp).write_text(lines))
+
+
+# ---------------------------------------------------------------- training data
+
+
+def training_sequences(
+    args: argparse.Namespace, model: Any, tokenizer: Any, features_dir: Path
+) -> list[TrainingSequence]:
+    """Token sequences to featurise: ShareGPT replies, the target's own completions, or a JSONL of token ids."""
+    from weaver.data import training_conversations
+
+    if args.data == "target":
+        cached = features_dir / "completions.jsonl"
+        if not cached.exists():
+            features_dir.mkdir(parents=True, exist_ok=True)
+            write_token_jsonl(cached, target_completions(args, model, tokenizer))
+        sequences = read_token_jsonl(cached)
+        if len(sequences) < args.num_sequences:
+            raise ValueError(
+                f"{cached} holds {len(sequences)} completions, fewer than --num-sequences {args.num_sequences} "
+                "(it was written for a smaller --num-sequences, whose prompts differ): delete it to regenerate"
+            )
+        return sequences[: args.num_sequences]
+    if args.data != "sharegpt":
+        return read_token_jsonl(args.data)[: args.num_sequences]
+    return tokenize_conversations(tokenizer, training_conversations("train", limit=args.num_sequences), args.max_len)
+
+
+def interleave_full_batches(by_len: dict[int, list[list[int]]], batch: int) -> list[list[int]]:
+    """Prompts in rounds: round r takes the r-th full batch of every length that has one, shortest length first;
+    the partial remainders come last."""
+    groups = [by_len[n] for n in sorted(by_len)]
+    rounds = max((len(g) // batch for g in groups), default=0)
+    full = [ids for r in range(rounds) for g in groups if r < len(g) // batch for ids in g[r * batch : (r + 1) * batch]]
+    rest = [ids for g in groups for ids in g[len(g) // batch * batch :]]
+    return full + rest
+
+
+def target_completions(args: argparse.Namespace, model: Any, tokenizer: Any) -> list[TrainingSequence]:
+    """args.num_sequences target completions of ShareGPT first turns of at most --max-prompt-len tokens.
+
+    Prompts of equal length decode together (see regenerate), so they are taken in full batches of one length,
+    lengths interleaved (a round over all lengths, then the next batch of each), which keeps prompt lengths diverse.
+    """
+    from weaver.data import Prompt, format_prompt, training_conversations
+
+    by_len: dict[int, list[list[int]]] = {}
+    for messages in training_conversations("train", limit=args.num_sequences * 20):
+        user = next((i for i, m in enumerate(messages) if m["role"] == "user"), None)
+        if user is not None and messages[user]["content"].strip():
+            ids = format_prompt(tokenizer, Prompt("train", "train", (messages[user],)))
+            if len(ids) <= args.max_prompt_len:
+                by_len.setdefault(len(ids), []).append(ids)
+    prompts = interleave_full_batches(by_len, args.regen_batch)[: args.num_sequences]
+    if len(prompts) < args.num_sequences:
+        raise ValueError(
+            f"only {len(prompts)} ShareGPT first turns fit --max-prompt-len {args.max_prompt_len}, fewer than "
+            f"--num-sequences {args.num_sequences}: raise --max-prompt-len or lower --num-sequences"
+        )
+    temps = args.regen_temperatures
+    print(f"regenerating {len(prompts)} completions of {args.regen_tokens} tokens at temperatures {temps}")
+    return regenerate(model, prompts, args.regen_tokens, temps, tokenizer.eos_token_id, args.regen_batch, args.seed)
+
+
+# ---------------------------------------------------------------- command line
+
+
+def add_data_arguments(parser: argparse.ArgumentParser) -> None:
+    """Which sequences to featurise and how; shared by `weaver.train drafter` and `weaver.train features`."""
+    parser.add_argument(
+        "--data",
+        default="sharegpt",
+        help="'sharegpt' (weaver.data training split, first exchange of each chat), 'target' (first user turns of "
+        "that split answered by the target itself, the DFlash recipe; cached as completions.jsonl in the feature "
+        'folder) or a JSONL of token ids (one {"ids": [...], "prompt_len": k} or plain list per line)',
+    )
+    parser.add_argument("--regen-tokens", type=int, default=128, help="--data target: new tokens per completion")
+    parser.add_argument(
+        "--regen-temperatures",
+        type=float,
+        nargs="+",
+        default=[0.0, 1.0],
+        help="--data target: sampling temperatures cycled over batches (0 = greedy)",
+    )
+    parser.add_argument("--regen-batch", type=int, default=16, help="--data target: prompts decoded together")
+    parser.add_argument("--max-prompt-len", type=int, default=96, help="--data target: longest prompt kept (tokens)")
+    parser.add_argument("--num-sequences", type=int, default=512, help="training sequences to featurise")
+    parser.add_argument("--max-len", type=int, default=384, help="truncate training sequences to this many tokens")
+    parser.add_argument("--top-k", type=int, default=32, help="target log-probs kept per position for the KL loss")
+    parser.add_argument("--shard-size", type=int, default=64, help="sequences per feature shard")
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """Flags of `python -m weaver.train features`."""
+    parser.add_argument("--model", required=True, help="target: registry name (e.g. smollm2-135m) or a local folder")
+    parser.add_argument(
+        "--drafter", required=True, help="trained drafter folder: the features hold its target taps (target_layer_ids)"
+    )
+    parser.add_argument(
+        "--out",
+        required=True,
+        help="feature folder to write, or to resume at its first missing shard (meta.json, shard_*.pt and, with "
+        "--data target, completions.jsonl); a folder of another target, tap set or data is refused",
+    )
+    add_data_arguments(parser)
+    parser.add_argument("--seed", type=int, default=0, help="seed of the target's sampled completions (--data target)")
+
+
+def main(args: argparse.Namespace) -> None:
+    from weaver.drafter import load_drafter
+    from weaver.models import load_target
+
+    torch.manual_seed(args.seed)
+    model, tokenizer = load_target(args.model)
+    model.eval().requires_grad_(False)
+    layers = tuple(load_drafter(args.drafter).hidden_layers)
+    spec = FeatureSpec(args.model, layers, top_k=args.top_k, shard_size=args.shard_size)
+    out = Path(args.out)
+    store = compute_features(model, training_sequences(args, model, tokenizer, out), out, spec)
+    print(f"features of {len(store)} sequences (target layers {list(layers)}, top {spec.top_k}) in {out}")
