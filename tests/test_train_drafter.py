@@ -190,7 +190,9 @@ def test_regenerate_greedy_equals_full_recompute_and_stops_at_eos(tmp_path):
     """Batched cached decoding of equal-length prompts == argmax of a fresh full pass per token, per prompt."""
     model = from_hf_model(tiny_hf_target())
     prompts = [[5, 6, 7], [9, 3, 2], [4, 4, 4, 4], [8, 1, 2]]
-    got = regenerate(model, prompts, max_new_tokens=6, temperatures=[0.0], eos_id=None, batch_size=2)
+    progress: list[str] = []
+    got = regenerate(model, prompts, 6, temperatures=[0.0], eos_id=None, batch_size=2, log=progress.append)
+    assert progress == [f"regenerate: batch {i}/3 ({n} completions)" for i, n in ((1, 2), (2, 3), (3, 4))]
     assert sorted(s.ids[: s.prompt_len] for s in got) == sorted(tuple(p) for p in prompts)
     for seq in got:
         ids = list(seq.ids[: seq.prompt_len])

@@ -17,7 +17,8 @@ ROOT = Path(__file__).resolve().parent.parent
 FIXTURES = ROOT / "tests" / "fixtures"
 SNAKEMAKE = Path(sys.executable).with_name("snakemake")
 PRODUCERS = {
-    "build_hybrid", "train_drafter", "train_adapter", "build_kernels", "kernel_bench", "bench_cell", "eval_depth"
+    "build_hybrid", "train_drafter", "adapter_features", "train_adapter", "build_kernels", "kernel_bench", "bench_cell",
+    "eval_depth",
 }  # fmt: skip
 
 
@@ -72,6 +73,11 @@ def test_dry_run_of_every_config(config: str, tmp_path: Path) -> None:
     children = resolved.get("weaver_children", 8)
     weaver_commands = [line for line in run.stdout.splitlines() if "--method weaver " in line]
     assert weaver_commands and all(f"--children {children} " in line for line in weaver_commands)
+    own = [m for m, spec in resolved["models"].items() if "features_args" in spec["adapter"]]
+    assert counts.get("adapter_features", 0) == len(own)
+    for model in own:  # such an adapter trains on its own features, not on the drafter's
+        run_dir = f"results/{resolved['run']}"
+        assert f"--features {run_dir}/adapter_features/{model} --out {run_dir}/adapters/{model} " in run.stdout
     grids = resolved["grids"]
     for grid in grids:  # a budget-free method runs at the grid's smallest budget only
         for method in grid.get("budget_free", []):
@@ -79,9 +85,15 @@ def test_dry_run_of_every_config(config: str, tmp_path: Path) -> None:
             assert runs == {str(min(grid["budgets"]))}, runs
 
 
-TRAINER_KEYS = {"drafter": ("drafter", "train_args"), "adapter": ("adapter", "train_args"), "hybrid": ("build_args",)}
+TRAINER_KEYS = {
+    "drafter": ("drafter", "train_args"),
+    "features": ("adapter", "features_args"),
+    "adapter": ("adapter", "train_args"),
+    "hybrid": ("build_args",),
+}
 REQUIRED_FLAGS = {
     "drafter": ["--model", "m", "--out", "o"],
+    "features": ["--model", "m", "--drafter", "d", "--out", "o"],
     "adapter": ["--model", "m", "--drafter", "d", "--out", "o"],
     "hybrid": ["--out", "o"],
 }
@@ -155,9 +167,12 @@ def test_paper_config_has_the_papers_grid() -> None:
                      "temperatures": [0], "budget_free": ["ddtree"]}]}, ["grids.budget_free", "'ddtree'", "'chain'"]),
         ({"weaver_children": 16, "backend": "sglang"}, ["weaver_children", "backend engine", "'sglang'"]),
         ({"figures": {"tree_methods": ["ddtree"]}}, ["figures.tree_methods", "'smollm2-135m'", "'chain', 'weaver'"]),
+        ({"models": {"pretrained": {"target": "smollm2-135m", "drafter": {"path": "d"},
+                                    "adapter": {"path": "a.pt", "features_args": ["--num-sequences", "8"]}}}},
+         ["models.pretrained.adapter", "'train_args' is a dependency of 'features_args'"]),
     ],
     ids=["unknown-method", "unknown-verify-mode", "misspelt-key", "zero-prompts", "budget-free-not-in-grid",
-         "children-on-sglang", "no-tree-method-benchmarked"],
+         "children-on-sglang", "no-tree-method-benchmarked", "features-of-a-pretrained-adapter"],
 )  # fmt: skip
 def test_bad_config_fails_at_once_naming_key_and_allowed(tmp_path: Path, change: dict, names: list[str]) -> None:
     config = yaml.safe_load((ROOT / "config" / "smoke.yaml").read_text())

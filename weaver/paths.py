@@ -6,6 +6,7 @@ Every path is relative to the repository root (Snakemake's working directory). P
     results/{run}/models/{model}/                      targets the pipeline builds (the GDN hybrid)
     results/{run}/drafters/{model}/                    drafter checkpoint folder
     results/{run}/features/{model}/                    cached target features for training
+    results/{run}/adapter_features/{model}/            the adapter's own features (when its config asks for them)
     results/{run}/adapters/{model}/adapter.pt          Weaver adapter checkpoint
     results/{run}/kernels/build.json                   kernel build report
     results/{run}/raw/bench/{model}/{dataset}/{method}/b{budget}-t{temperature}/{records.jsonl,meta.json}
@@ -26,6 +27,7 @@ RUN = RESULTS + "/{run}"
 MODEL_DIR = RUN + "/models/{model}"
 DRAFTER_DIR = RUN + "/drafters/{model}"
 FEATURES_DIR = RUN + "/features/{model}"  # cached target features (drafter and adapter training)
+ADAPTER_FEATURES_DIR = RUN + "/adapter_features/{model}"  # the adapter's own set (models.*.adapter.features_args)
 ADAPTER = RUN + "/adapters/{model}/adapter.pt"
 KERNEL_BUILD = RUN + "/kernels/build.json"
 CELL_DIR = RUN + "/raw/bench/{model}/{dataset}/{method}/b{budget}-t{temperature}"

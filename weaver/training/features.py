@@ -15,6 +15,7 @@ Layout of a feature folder::
     ...
 
 Shards land atomically (temp file + rename), so an interrupted run resumes at the first missing shard.
+`weaver.train features` writes summary.json last: it marks a finished folder (the workflow's output).
 """
 
 from __future__ import annotations
@@ -31,6 +32,8 @@ from pathlib import Path
 from typing import Any
 
 import torch
+
+SUMMARY = "summary.json"  # written last by `weaver.train features`
 
 
 @dataclass(frozen=True)
@@ -193,11 +196,13 @@ def regenerate(
     eos_id: int | None,
     batch_size: int = 16,
     seed: int = 0,
+    log=None,
 ) -> list[TrainingSequence]:
     """The target's own completions of `prompts` (the DFlash recipe trains on target-regenerated text, METHOD.md 2).
 
     Prompts of equal length decode together (the cache holds equal-length sequences, so no padding is needed);
     batch i uses temperatures[i % len] (0 = greedy). A completion ends after its first EOS or max_new_tokens.
+    `log`, when given, gets a progress line about every tenth of the batches.
     """
     buckets: dict[int, list[Sequence[int]]] = {}
     for ids in prompts:
@@ -211,6 +216,8 @@ def regenerate(
             if eos_id is not None and eos_id in completion:
                 completion = completion[: completion.index(eos_id) + 1]
             sequences.append(TrainingSequence(tuple(ids) + tuple(completion), len(ids)))
+        if log is not None and ((n + 1) % max(1, len(batches) // 10) == 0 or n + 1 == len(batches)):
+            log(f"regenerate: batch {n + 1}/{len(batches)} ({len(sequences)} completions)")
     return sequences
 
 
@@ -296,7 +303,8 @@ def target_completions(args: argparse.Namespace, model: Any, tokenizer: Any) -> 
         )
     temps = args.regen_temperatures
     print(f"regenerating {len(prompts)} completions of {args.regen_tokens} tokens at temperatures {temps}")
-    return regenerate(model, prompts, args.regen_tokens, temps, tokenizer.eos_token_id, args.regen_batch, args.seed)
+    eos = tokenizer.eos_token_id
+    return regenerate(model, prompts, args.regen_tokens, temps, eos, args.regen_batch, args.seed, log=print)
 
 
 # ---------------------------------------------------------------- command line
@@ -354,4 +362,11 @@ def main(args: argparse.Namespace) -> None:
     spec = FeatureSpec(args.model, layers, top_k=args.top_k, shard_size=args.shard_size)
     out = Path(args.out)
     store = compute_features(model, training_sequences(args, model, tokenizer, out), out, spec)
+    summary = {"sequences": len(store), "shards": len(store.shards), "tokens": store_tokens(store), **store.meta}
+    _atomic(out / SUMMARY, lambda tmp: Path(tmp).write_text(json.dumps(summary, indent=2)))
     print(f"features of {len(store)} sequences (target layers {list(layers)}, top {spec.top_k}) in {out}")
+
+
+def store_tokens(store: FeatureStore) -> int:
+    """Tokens of all the store's sequences (one pass over the shards)."""
+    return sum(len(example["ids"]) for example in store.iterate())

@@ -62,13 +62,45 @@ rule train_drafter:
         "--features {output.features} {params.extra} > {log} 2>&1"
 
 
+def adapter_features(model):
+    """The features the adapter trains on: its own set when the config gives features_args, else the drafter's."""
+    if "features_args" in config["models"][model]["adapter"]:
+        return paths.ADAPTER_FEATURES_DIR.format(run=RUN, model=model) + "/summary.json"
+    return paths.FEATURES_DIR.format(run=RUN, model=model)
+
+
+# The adapter's own training data (more target completions than its drafter was trained on), for the drafter's taps.
+# summary.json, written last, is the output: a failed or interrupted job leaves completions.jsonl and the finished
+# shards in place and its rerun resumes at the first missing shard.
+rule adapter_features:
+    input:
+        target=lambda wc: target_input(wc.model),
+        drafter=lambda wc: checkpoint_input(wc.model, "drafter"),
+    output:
+        paths.ADAPTER_FEATURES_DIR + "/summary.json",
+    log:
+        log("adapter_features"),
+    params:
+        target=lambda wc: target_arg(wc.model),
+        drafter=lambda wc: checkpoint_of(wc.model, "drafter"),
+        out=lambda wc, output: os.path.dirname(output[0]),
+        extra=lambda wc: args(config["models"][wc.model]["adapter"]["features_args"]),
+    priority: 15
+    threads: THREADS
+    resources:
+        gpu=GPUS,
+    shell:
+        "OMP_NUM_THREADS={threads} python -m weaver.train features --model {params.target} --drafter {params.drafter} "
+        "--out {params.out} {params.extra} > {log} 2>&1"
+
+
 # adapter.pt is the output, train_state.pt beside it is not: an interrupted job resumes from it, and a job rerun because
 # its params changed moves it aside (--restart-if-changed) instead of resuming under other settings.
 rule train_adapter:
     input:
         target=lambda wc: target_input(wc.model),
         drafter=lambda wc: checkpoint_input(wc.model, "drafter"),
-        features=paths.FEATURES_DIR,
+        features=lambda wc: adapter_features(wc.model),
     output:
         paths.ADAPTER,
     log:
@@ -76,6 +108,7 @@ rule train_adapter:
     params:
         target=lambda wc: target_arg(wc.model),
         drafter=lambda wc: checkpoint_of(wc.model, "drafter"),
+        features=lambda wc: adapter_features(wc.model).removesuffix("/summary.json"),
         out=lambda wc, output: os.path.dirname(output[0]),
         extra=lambda wc: args(config["models"][wc.model]["adapter"]["train_args"]),
     priority: 10
@@ -84,4 +117,4 @@ rule train_adapter:
         gpu=GPUS,
     shell:
         "OMP_NUM_THREADS={threads} python -m weaver.train adapter --model {params.target} --drafter {params.drafter} "
-        "--features {input.features} --out {params.out} --restart-if-changed {params.extra} > {log} 2>&1"
+        "--features {params.features} --out {params.out} --restart-if-changed {params.extra} > {log} 2>&1"
