@@ -422,11 +422,20 @@ def test_cli_caches_features_for_a_trained_drafters_taps(tmp_path):
     assert all(action.help for action in parser._actions)
 
 
-def test_cached_completions_of_a_smaller_run_are_refused(tmp_path):
-    from weaver.training.features import training_sequences
+def test_cached_completions_of_other_settings_are_refused(tmp_path):
+    from weaver.training.features import COMPLETIONS_SETTINGS, regen_settings, training_sequences
+
+    def args(**change) -> argparse.Namespace:
+        settings = dict(data="target", model="m", num_sequences=2, regen_tokens=80, regen_temperatures=[0.0, 1.0],
+                        regen_batch=16, max_prompt_len=96, seed=0)  # fmt: skip
+        return argparse.Namespace(**{**settings, **change})
 
     write_token_jsonl(tmp_path / "completions.jsonl", sequences(2))
-    args = argparse.Namespace(data="target", num_sequences=3)
-    with pytest.raises(ValueError, match="fewer than --num-sequences 3"):
-        training_sequences(args, None, None, tmp_path)
-    assert len(training_sequences(argparse.Namespace(data="target", num_sequences=2), None, None, tmp_path)) == 2
+    with pytest.raises(ValueError, match="fewer than --num-sequences 3"):  # a cache without settings (before them)
+        training_sequences(args(num_sequences=3), None, None, tmp_path)
+    (tmp_path / COMPLETIONS_SETTINGS).write_text(json.dumps(regen_settings(args())))
+    assert len(training_sequences(args(), None, None, tmp_path)) == 2
+    with pytest.raises(ValueError, match=r"regen_tokens: 80 -> 40.*delete"):
+        training_sequences(args(regen_tokens=40), None, None, tmp_path)
+    with pytest.raises(ValueError, match=r"regen_temperatures: \[0.0, 1.0\] -> \[1.0\]"):
+        training_sequences(args(regen_temperatures=[1.0]), None, None, tmp_path)

@@ -26,7 +26,7 @@ import json
 import os
 import random
 import tempfile
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -34,6 +34,8 @@ from typing import Any
 import torch
 
 SUMMARY = "summary.json"  # written last by `weaver.train features`
+COMPLETIONS_SETTINGS = "completions.settings.json"  # the regeneration settings of completions.jsonl
+REGEN_FIELDS = ("num_sequences", "regen_tokens", "regen_temperatures", "regen_batch", "max_prompt_len", "seed")
 
 
 @dataclass(frozen=True)
@@ -196,7 +198,7 @@ def regenerate(
     eos_id: int | None,
     batch_size: int = 16,
     seed: int = 0,
-    log=None,
+    log: Callable[[str], None] | None = None,
 ) -> list[TrainingSequence]:
     """The target's own completions of `prompts` (the DFlash recipe trains on target-regenerated text, METHOD.md 2).
 
@@ -255,9 +257,20 @@ def training_sequences(
 
     if args.data == "target":
         cached = features_dir / "completions.jsonl"
+        settings_path = features_dir / COMPLETIONS_SETTINGS
+        settings = regen_settings(args)
         if not cached.exists():
             features_dir.mkdir(parents=True, exist_ok=True)
             write_token_jsonl(cached, target_completions(args, model, tokenizer))
+            _atomic(settings_path, lambda tmp: Path(tmp).write_text(json.dumps(settings, indent=2)))
+        elif settings_path.exists():  # (folders of 2026-12-05 and before have none: the count check below remains)
+            saved = json.loads(settings_path.read_text())
+            diffs = [f"{k}: {saved.get(k)!r} -> {v!r}" for k, v in settings.items() if saved.get(k) != v]
+            if diffs:
+                raise ValueError(
+                    f"{cached} was regenerated with other settings ({'; '.join(diffs)}): delete {features_dir} "
+                    "to regenerate, or pass another folder"
+                )
         sequences = read_token_jsonl(cached)
         if len(sequences) < args.num_sequences:
             raise ValueError(
@@ -268,6 +281,11 @@ def training_sequences(
     if args.data != "sharegpt":
         return read_token_jsonl(args.data)[: args.num_sequences]
     return tokenize_conversations(tokenizer, training_conversations("train", limit=args.num_sequences), args.max_len)
+
+
+def regen_settings(args: argparse.Namespace) -> dict[str, Any]:
+    """What decides a --data target regeneration (saved beside completions.jsonl; a cache of others is refused)."""
+    return {"model": args.model, **{name: getattr(args, name) for name in REGEN_FIELDS}}
 
 
 def interleave_full_batches(by_len: dict[int, list[list[int]]], batch: int) -> list[list[int]]:

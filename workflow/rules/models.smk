@@ -71,7 +71,8 @@ def adapter_features(model):
 
 # The adapter's own training data (more target completions than its drafter was trained on), for the drafter's taps.
 # summary.json, written last, is the output: a failed or interrupted job leaves completions.jsonl and the finished
-# shards in place and its rerun resumes at the first missing shard.
+# shards in place and its rerun resumes at the first missing shard; after a change of features_args the command
+# refuses the old folder (its meta.json names other data) and says to delete it.
 rule adapter_features:
     input:
         target=lambda wc: target_input(wc.model),
