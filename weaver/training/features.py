@@ -348,7 +348,7 @@ def add_data_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--regen-batch", type=int, default=16, help="--data target: prompts decoded together")
     parser.add_argument("--max-prompt-len", type=int, default=96, help="--data target: longest prompt kept (tokens)")
     parser.add_argument("--num-sequences", type=int, default=512, help="training sequences to featurise")
-    parser.add_argument("--max-len", type=int, default=384, help="--data sharegpt: longest sequence kept (tokens)")
+    parser.add_argument("--max-len", type=int, default=384, help="--data sharegpt: cut sequences to this many tokens")
     parser.add_argument("--top-k", type=int, default=32, help="target log-probs kept per position for the KL loss")
     parser.add_argument("--shard-size", type=int, default=64, help="sequences per feature shard")
 
