@@ -33,6 +33,8 @@ from typing import Any
 
 import torch
 
+from weaver.training.resume import changed_fields
+
 SUMMARY = "summary.json"  # written last by `weaver.train features`
 COMPLETIONS_SETTINGS = "completions.settings.json"  # the regeneration settings of completions.jsonl
 REGEN_FIELDS = ("num_sequences", "regen_tokens", "regen_temperatures", "regen_batch", "max_prompt_len", "seed")
@@ -264,8 +266,7 @@ def training_sequences(
             write_token_jsonl(cached, target_completions(args, model, tokenizer))
             _atomic(settings_path, lambda tmp: Path(tmp).write_text(json.dumps(settings, indent=2)))
         elif settings_path.exists():  # (folders of 2026-12-05 and before have none: the count check below remains)
-            saved = json.loads(settings_path.read_text())
-            diffs = [f"{k}: {saved.get(k)!r} -> {v!r}" for k, v in settings.items() if saved.get(k) != v]
+            diffs = changed_fields(json.loads(settings_path.read_text()), settings)
             if diffs:
                 raise ValueError(
                     f"{cached} was regenerated with other settings ({'; '.join(diffs)}): delete {features_dir} "
@@ -379,12 +380,8 @@ def main(args: argparse.Namespace) -> None:
     layers = tuple(load_drafter(args.drafter).hidden_layers)
     spec = FeatureSpec(args.model, layers, top_k=args.top_k, shard_size=args.shard_size)
     out = Path(args.out)
-    store = compute_features(model, training_sequences(args, model, tokenizer, out), out, spec)
-    summary = {"sequences": len(store), "shards": len(store.shards), "tokens": store_tokens(store), **store.meta}
+    sequences = training_sequences(args, model, tokenizer, out)
+    store = compute_features(model, sequences, out, spec)
+    summary = {**store.meta, "tokens": sum(len(seq.ids) for seq in sequences)}
     _atomic(out / SUMMARY, lambda tmp: Path(tmp).write_text(json.dumps(summary, indent=2)))
     print(f"features of {len(store)} sequences (target layers {list(layers)}, top {spec.top_k}) in {out}")
-
-
-def store_tokens(store: FeatureStore) -> int:
-    """Tokens of all the store's sequences (one pass over the shards)."""
-    return sum(len(example["ids"]) for example in store.iterate())
