@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # GPU check for weaver_kernels: build the CUDA extension, run the kernel tests, the target's tree verify / commit
 # (tests/test_model_tree.py: CUDA run == CPU run) and the engine (every method's greedy output on CUDA == plain
-# decoding) on the GPU, run the kernel benchmark.
+# decoding) on the GPU, run the kernel benchmark (GDN layouts, the Weaver step, a verify's tree attention against SDPA).
 # Usage: kernels/gpu_check.sh [OUT_DIR]   (or WEAVER_GPU_CHECK_OUT=DIR; default results/kernels/<gpu name>)
 # Writes OUT/gpu_check.log (machine, versions, build, tests, bench) and OUT/kernel_table.{csv,json}.
 # Every stage runs even when an earlier one failed (a GPU lease is short); the exit status is 1 if any stage failed.
@@ -35,7 +35,7 @@ main() {
     stage tests 180 "$PYTHON" -m pytest -q -p no:cacheprovider tests/kernels tests/test_model_tree.py \
         tests/test_engine.py::test_greedy_speculation_on_cuda_equals_plain_decoding -m "not slow" -rs
     stage bench 150 "$PYTHON" -m weaver_kernels.bench --device cuda --dtype bfloat16 --backend "${backends[@]}" \
-        --timing graph eager --out "$OUT"
+        --layouts qwen3.6-27b qwen3-next-80b small-hybrid weaver-step tree-attention --timing graph eager --out "$OUT"
     if ((${#failed[@]})); then
         echo "== done: $OUT/kernel_table.csv; FAILED: ${failed[*]}"
         exit 1

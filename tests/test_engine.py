@@ -251,5 +251,5 @@ def test_smollm2_greedy_speculation_and_cli() -> None:
     )  # fmt: skip
     record = json.loads(cli.stdout)
     eos = tokenizer.eos_token_id  # the CLI stops at EOS; generate() above was given no EOS
-    assert record["output_ids"] == reference[: reference.index(eos) + 1] if eos in reference else reference
+    assert record["output_ids"] == (reference[: reference.index(eos) + 1] if eos in reference else reference)
     assert record["stats"]["tau"] > 1.5 and record["text"]

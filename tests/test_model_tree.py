@@ -117,6 +117,31 @@ def test_verify_and_commit_on_cuda_match_the_cpu_run(family, tiny_pair):
         assert rel_err(ours.cpu(), ref) < TOL
 
 
+@pytest.mark.parametrize("family", ("qwen3_next", "llama"))
+def test_verify_through_the_tree_attention_kernel_equals_the_masked_sdpa(family, tiny_pair, monkeypatch):
+    """With a fast kernel backend (the default on CUDA tensors; here Triton's interpreter on CPU tensors), a verify's
+    attention layers run weaver_kernels.tree_attention instead of SDPA over a dense mask: same logits."""
+    pytest.importorskip("triton")
+    monkeypatch.setenv("TRITON_INTERPRET", "1")  # read by resolve(); tests/kernels/conftest.py sets it at collection
+    import weaver_kernels
+
+    _, model = tiny_pair(family)
+    prompt = torch.randint(0, 97, (1, PROMPT_LEN))
+    tree = random_tree(13, torch.Generator().manual_seed(3))
+    calls = []
+    kernel = weaver_kernels.tree_attention
+    monkeypatch.setattr(weaver_kernels, "tree_attention", lambda *a: calls.append(a[0].shape) or kernel(*a))
+    with torch.no_grad():
+        masked = model.verify(tree, prefilled(model, prompt)).logits
+        assert not calls  # auto on CPU tensors: the reference backend, i.e. SDPA with the tree mask
+        cache = prefilled(model, prompt)
+        with weaver_kernels.use_backend("triton"):
+            fast = model.verify(tree, cache).logits
+    n_attention = sum(isinstance(layer, KVCache) for layer in cache.layers)
+    assert len(calls) == n_attention > 0 and calls[0][:2] == (1, tree.num_nodes)
+    assert rel_err(fast, masked) < TOL
+
+
 def test_repeated_verify_commit_steps_follow_the_sequence(tiny_pair):
     """Several verify/commit rounds (as the engine runs them) == one sequential decode of all accepted tokens."""
     _, model = tiny_pair("qwen3_next")

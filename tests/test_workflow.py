@@ -206,7 +206,10 @@ def test_figures_rebuild_from_committed_logs_without_producing_jobs(tmp_path: Pa
     for name in names:
         assert (figures / name).stat().st_size > 0, name
     table1 = (figures / "table1.md").read_text()
-    assert "Weaver tree" in table1 and "1.00" in table1  # AR's speedup over itself, computed from the logs
+    rows = [[cell.strip() for cell in line.split("|")[1:-1]] for line in table1.splitlines() if line.startswith("|")]
+    speedups = {row[1]: row[4] for row in rows[2:]}  # columns: model, method, budget, tok/s, speedup, tau, datasets
+    expected = macro_throughput(tmp_path, "weaver", 8) / macro_throughput(tmp_path, "ar", 0)
+    assert speedups["AR"] == "1.00" and speedups["Weaver tree"] == f"{expected:.2f}", table1
     trees = (figures / "tree_tau.md").read_text()  # fixture: Weaver macro (1.75 + 1.625) / 2 over DDTree's 1.375
     weaver_row = next(line for line in trees.splitlines() if "Weaver tree" in line)
     assert "1.69" in weaver_row and "1.23" in weaver_row, trees
@@ -234,6 +237,17 @@ def test_figures_rebuild_from_committed_logs_without_producing_jobs(tmp_path: Pa
     html = (tmp_path / "report.html").read_text(errors="replace")
     for name in ("tau_vs_budget.png", "depth_acceptance.png", "table1.md"):
         assert name in html, f"{name} missing from snakemake --report"
+
+
+def macro_throughput(root: Path, method: str, budget: int) -> float:
+    """From a run's raw records: tokens per second pooled over each dataset's requests (prefill included), then
+    averaged over datasets (Table 1's tok/s; its speedup is the ratio of two such macros)."""
+    per_dataset = []
+    for records in sorted(root.glob(f"results/*/raw/bench/*/*/{method}/b{budget}-t0/records.jsonl")):
+        rows = [json.loads(line) for line in records.read_text().splitlines()]
+        per_dataset.append(sum(r["new_tokens"] for r in rows) / sum(r["wall_s"] for r in rows))
+    assert per_dataset, f"no {method} b{budget} records under {root}"
+    return sum(per_dataset) / len(per_dataset)
 
 
 def decode_ms_per_step(root: Path, method: str, budget: int) -> float:

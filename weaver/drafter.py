@@ -28,6 +28,8 @@ import torch.nn.functional as F
 from safetensors.torch import load_file, save_file
 from torch import nn
 
+from weaver.models.layers import MLP, RMSNorm
+
 
 def build_target_layer_ids(num_target_layers: int, num_draft_layers: int) -> tuple[int, ...]:
     """DFlash's default taps: evenly spaced over target layers 1..n-3 (the middle layer for a 1-layer drafter)."""
@@ -180,20 +182,6 @@ class DraftBlock:
     target_hidden: torch.Tensor
 
 
-class RMSNorm(nn.Module):
-    """RMSNorm computed in fp32 (Qwen3 convention): weight * x / rms(x)."""
-
-    def __init__(self, dim: int, eps: float) -> None:
-        super().__init__()
-        self.weight = nn.Parameter(torch.ones(dim))
-        self.eps = eps
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        x32 = x.float()
-        x32 = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps)
-        return self.weight * x32.to(x.dtype)
-
-
 def rope_cos_sin(positions: torch.Tensor, head_dim: int, theta: float) -> tuple[torch.Tensor, torch.Tensor]:
     """cos, sin [..., head_dim] for positions [...] (half-split rotation, as in HF Qwen3)."""
     inv_freq = 1.0 / theta ** (torch.arange(0, head_dim, 2, dtype=torch.float32, device=positions.device) / head_dim)
@@ -250,22 +238,11 @@ class DraftAttention(nn.Module):
         return self.o_proj(out.transpose(1, 2).reshape(b, q_len, -1))
 
 
-class SwiGLU(nn.Module):
-    def __init__(self, cfg: DrafterConfig) -> None:
-        super().__init__()
-        self.gate_proj = nn.Linear(cfg.hidden_size, cfg.intermediate_size, bias=False)
-        self.up_proj = nn.Linear(cfg.hidden_size, cfg.intermediate_size, bias=False)
-        self.down_proj = nn.Linear(cfg.intermediate_size, cfg.hidden_size, bias=False)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
-
-
 class DraftLayer(nn.Module):
     def __init__(self, cfg: DrafterConfig) -> None:
         super().__init__()
         self.self_attn = DraftAttention(cfg)
-        self.mlp = SwiGLU(cfg)
+        self.mlp = MLP(cfg.hidden_size, cfg.intermediate_size)
         self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
 

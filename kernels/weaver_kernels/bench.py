@@ -12,6 +12,10 @@ trees of N nodes (node 0 = the first new token). Paper (B200, bf16, Qwen3.6-27B 
 Layout `weaver-step` times one batched Weaver step (METHOD.md section 3: indexed attention of w = ceil(N / 16) nodes
 per layer plus the pool scoring) at the paper's adapter width; its per_branch_us column is the PyTorch reference and
 fused_us the dispatched path (the same reference on CPU, Triton on CUDA).
+
+Layout `tree-attention` (not in the default list) times one attention layer of a tree verify at Qwen3-8B's width
+over a committed prefix: per_branch_us is what the target runs without a fast backend (SDPA over the dense
+[N, T + N] ancestor mask, `weaver.models.attention`), fused_us the dispatched `tree_attention` (Triton on CUDA).
 """
 
 from __future__ import annotations
@@ -42,6 +46,8 @@ LAYOUTS = {
 # matters for memory, each node gathers K of them)
 WEAVER_STEP = {"weaver-step": (2048, 16, 512, 15)}
 STEP_VOCAB = 8192
+# one attention layer of a verify: (HQ query heads, HKV key/value heads, D, T committed prefix tokens)
+TREE_ATTENTION = {"tree-attention": (32, 8, 128, 1024)}
 
 
 @dataclass(frozen=True)
@@ -87,6 +93,32 @@ def make_step_inputs(n: int, device: torch.device, dtype: torch.dtype, seed: int
     return attention, (query.to(device, dtype), table.to(device, dtype), ids.to(device), logits.to(device))
 
 
+def make_attention_inputs(n: int, device: torch.device, dtype: torch.dtype, seed: int) -> tuple:
+    """Random single-sequence tree-attention inputs (q, k, v, k_prefix, v_prefix, parents) of one layer."""
+    hq, hkv, d, t = TREE_ATTENTION["tree-attention"]
+    gen = torch.Generator().manual_seed(seed)
+    parents = torch.tensor([-1] + [int(torch.randint(0, i, (), generator=gen)) for i in range(1, n)])
+    q = torch.randn(n, hq, d, generator=gen)
+    k, v = (torch.randn(n, hkv, d, generator=gen) for _ in range(2))
+    k_prefix, v_prefix = (torch.randn(t, hkv, d, generator=gen) for _ in range(2))
+    return tuple(x.to(device, dtype) for x in (q, k, v, k_prefix, v_prefix)) + (parents.to(device),)
+
+
+def masked_sdpa(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    k_prefix: torch.Tensor,
+    v_prefix: torch.Tensor,
+    mask: torch.Tensor,
+) -> torch.Tensor:
+    """The target's verify attention without a fast backend: SDPA over prefix + nodes under mask [N, T + N]."""
+    keys, values = (torch.cat([p, x]).transpose(0, 1)[None] for p, x in ((k_prefix, k), (v_prefix, v)))
+    return torch.nn.functional.scaled_dot_product_attention(
+        q.transpose(0, 1)[None], keys, values, attn_mask=mask, enable_gqa=q.shape[1] != k.shape[1]
+    )
+
+
 TIMINGS = {"cpu": ("wall",), "cuda": ("graph", "eager")}
 
 
@@ -126,8 +158,31 @@ def time_us(fn: Callable[[], object], device: torch.device, repeats: int, timing
 
 def resolved_backend(layout: str, device: torch.device, backend: str) -> str:
     """The implementation the timed fast path of `layout` runs under `backend` ("ref", "triton" or "cuda")."""
+    op = "weaver_step_attention" if layout in WEAVER_STEP else "tree_attention" if layout in TREE_ATTENTION else None
     with wk.use_backend(backend):
-        return wk.resolve("weaver_step_attention" if layout in WEAVER_STEP else "gdn_tree_verify", device)
+        return wk.resolve(op or "gdn_tree_verify", device)
+
+
+def measure_attention(n: int, device: torch.device, dtype: torch.dtype, backend: str, repeats: int, timing: str) -> Row:
+    """One verify attention layer: SDPA over the dense ancestor mask vs the dispatched tree_attention."""
+    args = make_attention_inputs(n, device, dtype, seed=n)
+    t = args[3].shape[0]
+    mask = torch.ones(n, t + n, dtype=torch.bool)
+    parents = args[5].tolist()
+    for i in range(n):  # ancestor-or-self block, walked on the host once (the model builds it from the Tree)
+        mask[i, t:] = False
+        j = i
+        while j >= 0:
+            mask[i, t + j] = True
+            j = parents[j]
+    mask = mask.to(device)
+    sdpa = time_us(lambda: masked_sdpa(*args[:5], mask), device, repeats, timing)
+    with wk.use_backend(backend):
+        fast = time_us(lambda: wk.tree_attention(*args), device, repeats, timing)
+    used, dt = resolved_backend("tree-attention", device, backend), str(dtype).removeprefix("torch.")
+    return Row(
+        "tree-attention", n, device.type, used, dt, timing, round(sdpa, 1), round(fast, 1), round(sdpa / fast, 2)
+    )
 
 
 def measure_step(n: int, device: torch.device, dtype: torch.dtype, backend: str, repeats: int, timing: str) -> Row:
@@ -152,6 +207,8 @@ def measure(
     """One cell of the table: per-branch recurrent vs fused masked solve (or the Weaver step) under one backend."""
     if layout in WEAVER_STEP:
         return measure_step(n, device, dtype, backend, repeats, timing)
+    if layout in TREE_ATTENTION:
+        return measure_attention(n, device, dtype, backend, repeats, timing)
     args = make_inputs(layout, n, device, dtype, seed=n)
     with wk.use_backend(backend):
         per_branch = time_us(lambda: wk.gdn_tree_verify_per_branch(*args), device, repeats, timing)
@@ -184,8 +241,9 @@ def main(argv: list[str] | None = None) -> int:
         "--layouts",
         nargs="+",
         default=[*LAYOUTS, *WEAVER_STEP],
-        choices=[*LAYOUTS, *WEAVER_STEP],
-        help="GDN head layouts, and weaver-step (the adapter's step at the paper's width)",
+        choices=[*LAYOUTS, *WEAVER_STEP, *TREE_ATTENTION],
+        help="GDN head layouts, weaver-step (the adapter's step at the paper's width) and tree-attention (a verify's"
+        " attention layer: SDPA over the dense mask vs the tree_attention kernel; not in the default)",
     )
     parser.add_argument("--n", nargs="+", type=int, default=[16, 32, 64, 128], help="verify widths N (tree nodes)")
     parser.add_argument("--dtype", default=None, help="float32 or bfloat16 (default: bf16 on cuda, fp32 on cpu)")

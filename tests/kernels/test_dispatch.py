@@ -35,17 +35,26 @@ def test_every_op_has_ref_and_triton():
         assert callable(getattr(wk, op)) and callable(getattr(wk, f"{op}_ref")), op
 
 
-def test_public_ops_on_cpu_equal_refs_single_and_batched():
+def test_public_ops_add_and_strip_the_batch_dim_around_the_fast_path():
+    """Auto on CPU tensors is the reference itself; the forced Triton path (interpreted) gets single-sequence calls
+    with a batch dim added and removed, batched calls as they are, and agrees with the reference both ways."""
     gen = torch.Generator().manual_seed(0)
     parents = make_parents("random", 9, gen)
     x = gdn_inputs(9, 1, 3, 8, 8, torch.float32, gen)
-    single = wk.gdn_tree_verify(x["q"], x["k"], x["v"], x["g"], x["beta"], parents, x["initial_state"])
-    assert_close(
-        single, wk.gdn_tree_verify_ref(*(x[n] for n in ("q", "k", "v", "g", "beta")), parents, x["initial_state"]), 0
-    )
-    xb = {n: t[None].expand(2, *t.shape) for n, t in x.items()}
-    batched = wk.gdn_tree_commit(
-        xb["k"], xb["v"], xb["g"], xb["beta"], parents, xb["initial_state"], torch.tensor([3, 3])
-    )
+    qkvgb = [x[n] for n in ("q", "k", "v", "g", "beta")]
+    ref = wk.gdn_tree_verify_ref(*qkvgb, parents, x["initial_state"])
+    assert_close(wk.gdn_tree_verify(*qkvgb, parents, x["initial_state"]), ref, 0)  # auto on CPU: the reference
+    ref_commit = wk.gdn_tree_commit_ref(*qkvgb[1:], parents, x["initial_state"], 3)
+    xb = {n: t[None].expand(2, *t.shape).contiguous() for n, t in x.items()}
+    with wk.use_backend("triton"):
+        assert wk.resolve("gdn_tree_verify", torch.device("cpu")) == "triton"
+        assert_close(wk.gdn_tree_verify(*qkvgb, parents, x["initial_state"]), ref, 1e-5, "single verify")
+        single = wk.gdn_tree_commit(*qkvgb[1:], parents, x["initial_state"], 3)
+        batched = wk.gdn_tree_commit(
+            xb["k"], xb["v"], xb["g"], xb["beta"], parents, xb["initial_state"], torch.tensor([3, 5])
+        )
+    assert_close(single, ref_commit, 1e-5, "single commit")
     assert batched.shape == (2, 3, 8, 8)
-    assert_close(batched[1], wk.gdn_tree_commit(x["k"], x["v"], x["g"], x["beta"], parents, x["initial_state"], 3), 0)
+    assert_close(batched[0], ref_commit, 1e-5, "batched commit, row 0")
+    ref_commit5 = wk.gdn_tree_commit_ref(*qkvgb[1:], parents, x["initial_state"], 5)
+    assert_close(batched[1], ref_commit5, 1e-5, "batched commit, row 1")

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
+import weaver_kernels
 from torch import nn
 
 from weaver.models.cache import KVCache, Pass
@@ -90,9 +91,17 @@ class Attention(nn.Module):
             end = p.start + t
             cache.k[:, :, p.start : end] = k
             cache.v[:, :, p.start : end] = v
-            out = F.scaled_dot_product_attention(
-                q, cache.k[:, :, :end], cache.v[:, :, :end], attn_mask=p.mask, enable_gqa=gqa
-            )
+            if p.parents is not None and weaver_kernels.resolve("tree_attention", q.device) != "ref":
+                # a tree verify on a fast backend (Triton on CUDA tensors): the kernel walks the ancestors itself
+                # instead of reading a dense [N, start + N] mask; it takes [B, N, H, D] and reads the cache in place
+                prefix_k, prefix_v = (c[:, :, : p.start].transpose(1, 2) for c in (cache.k, cache.v))
+                out = weaver_kernels.tree_attention(
+                    q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), prefix_k, prefix_v, p.parents
+                ).transpose(1, 2)
+            else:
+                out = F.scaled_dot_product_attention(
+                    q, cache.k[:, :, :end], cache.v[:, :, :end], attn_mask=p.mask, enable_gqa=gqa
+                )
         out = out.transpose(1, 2).reshape(b, t, -1)
         if self.gated:
             out = out * torch.sigmoid(gate.reshape(b, t, -1))

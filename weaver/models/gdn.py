@@ -15,19 +15,12 @@ from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
-import weaver_kernels
 from torch import nn
+from weaver_kernels import gdn_tree_commit, gdn_tree_conv1d, gdn_tree_conv_commit_ref, gdn_tree_verify
 
 from weaver.models.cache import GDNCache, Pass
 from weaver.models.config import ModelConfig
 from weaver.models.layers import GatedRMSNorm, Linear
-
-# weaver_kernels exports dispatchers (fast kernel or reference) under the plain names once they exist for an op;
-# the references have the same signatures.
-_tree_verify = getattr(weaver_kernels, "gdn_tree_verify", weaver_kernels.gdn_tree_verify_ref)
-_tree_commit = getattr(weaver_kernels, "gdn_tree_commit", weaver_kernels.gdn_tree_commit_ref)
-_tree_conv = getattr(weaver_kernels, "gdn_tree_conv1d", weaver_kernels.gdn_tree_conv1d_ref)
-_tree_conv_commit = getattr(weaver_kernels, "gdn_tree_conv_commit", weaver_kernels.gdn_tree_conv_commit_ref)
 
 CHAIN_CHUNK = 64  # tokens per triangular solve when a chain of new tokens (prefill) is run in chunks
 
@@ -125,19 +118,19 @@ class GatedDeltaNet(nn.Module):
     def _tree(self, mixed: torch.Tensor, x: torch.Tensor, cache: GDNCache, parents: torch.Tensor) -> torch.Tensor:
         """Tree verify for one sequence: mixed [N, C], x [N, d] -> o [N, HV, V]; stashes the nodes, no state write."""
         n = mixed.shape[0]
-        conv_out = _tree_conv(mixed, self.conv1d.weight[:, 0], None, parents, cache.conv[0], "silu")
+        conv_out = gdn_tree_conv1d(mixed, self.conv1d.weight[:, 0], None, parents, cache.conv[0], "silu")
         q, k, v, g, beta = self._qkv_gates(conv_out, x)
         for stash, value in ((cache.k, k), (cache.v, v), (cache.g, g), (cache.beta, beta), (cache.x, mixed)):
             stash[0, :n] = value
-        return _tree_verify(q, k, v, g, beta, parents, cache.state[0])
+        return gdn_tree_verify(q, k, v, g, beta, parents, cache.state[0])
 
     def commit(self, cache: GDNCache, parents: torch.Tensor, leaf: int) -> None:
         """Advance state and conv window along the path node 0..leaf of the last verify (replay or fold)."""
         n = parents.numel()
         s = slice(0, n)
         k, v, g, beta = cache.k[0, s], cache.v[0, s], cache.g[0, s], cache.beta[0, s]
-        cache.state[0] = _tree_commit(k, v, g, beta, parents, cache.state[0], leaf)
-        cache.conv[0] = _tree_conv_commit(cache.x[0, s], parents, cache.conv[0], leaf)
+        cache.state[0] = gdn_tree_commit(k, v, g, beta, parents, cache.state[0], leaf)
+        cache.conv[0] = gdn_tree_conv_commit_ref(cache.x[0, s], parents, cache.conv[0], leaf)
 
 
 def _recurrent_step(q, k, v, g, beta, state: torch.Tensor) -> torch.Tensor:
