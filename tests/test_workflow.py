@@ -295,7 +295,14 @@ def test_smoke_run_end_to_end(tmp_path: Path) -> None:
     """config/smoke.yaml from nothing to every artifact (needs the real engine, trainers and kernels)."""
     run = snakemake("--configfile", str(ROOT / "config" / "smoke.yaml"), "--directory", str(tmp_path), timeout=600)
     assert run.returncode == 0, run.stdout[-5000:] + run.stderr[-5000:]
-    assert (tmp_path / "figures" / "smoke" / "table1.md").exists()
+    table1 = (tmp_path / "figures" / "smoke" / "table1.md").read_text()
+    rows = [[cell.strip() for cell in line.split("|")[1:-1]] for line in table1.splitlines() if line.startswith("|")]
+    speedups = {row[1]: row[4] for row in rows[2:]}  # columns: model, method, budget, tok/s, speedup, tau, datasets
+    assert set(speedups) == {"AR", "Prompt lookup", "DFlash chain", "Weaver tree"}, table1
+    assert speedups["AR"] == "1.00"
+    ar = macro_throughput(tmp_path, "ar", 0)
+    for label, method in (("Prompt lookup", "prompt_lookup"), ("DFlash chain", "chain"), ("Weaver tree", "weaver")):
+        assert speedups[label] == f"{macro_throughput(tmp_path, method, 4) / ar:.2f}", table1
 
 
 @pytest.mark.slow
@@ -310,7 +317,14 @@ def test_smoke_run_through_slurm(tmp_path: Path, slurm_cluster: None) -> None:
         timeout=900,
     )  # fmt: skip
     assert run.returncode == 0, run.stdout[-5000:] + run.stderr[-5000:]
-    assert (tmp_path / "figures" / "smoke" / "table1.md").exists()
+    table1 = (tmp_path / "figures" / "smoke" / "table1.md").read_text()
+    rows = [[cell.strip() for cell in line.split("|")[1:-1]] for line in table1.splitlines() if line.startswith("|")]
+    speedups = {row[1]: row[4] for row in rows[2:]}  # columns: model, method, budget, tok/s, speedup, tau, datasets
+    assert set(speedups) == {"AR", "Prompt lookup", "DFlash chain", "Weaver tree"}, table1
+    assert speedups["AR"] == "1.00"
+    ar = macro_throughput(tmp_path, "ar", 0)
+    for label, method in (("Prompt lookup", "prompt_lookup"), ("DFlash chain", "chain"), ("Weaver tree", "weaver")):
+        assert speedups[label] == f"{macro_throughput(tmp_path, method, 4) / ar:.2f}", table1
 
 
 @pytest.mark.slow
