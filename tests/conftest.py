@@ -1,10 +1,21 @@
-"""Shared fixtures: seeded single-threaded runs and tiny random targets of every family (HF twin + ours)."""
+"""Shared fixtures: seeded single-threaded runs and tiny random targets of every family (HF twin + ours).
+
+Without a GPU, Triton kernels run under its interpreter in every test that forces them (tests/kernels, and the
+target's verify through the kernels in tests/test_model_tree.py): TRITON_INTERPRET must be set before anything
+imports triton, since @triton.jit picks the interpreter when it decorates.
+"""
 
 from __future__ import annotations
 
-import pytest
+import os
+
 import torch
-from tiny_models import tiny_hf_model
+
+if not torch.cuda.is_available():  # importing torch does not import triton
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+
+import pytest  # noqa: E402
+from tiny_models import tiny_hf_model  # noqa: E402
 
 
 @pytest.fixture(autouse=True)

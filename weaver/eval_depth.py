@@ -47,7 +47,7 @@ from weaver.builders import BUILDERS, build_tree
 from weaver.drafter import DraftBlock
 from weaver.sampling import SamplingParams, target_probs
 from weaver.training.adapter import draft_at_anchors, teacher_forced_logits
-from weaver.training.features import regenerate
+from weaver.training.features import anchor_range, regenerate
 from weaver.tree import Tree
 from weaver.verify import child_by_token, expected_accepted
 
@@ -316,10 +316,10 @@ def best_tree_accepted(
 
 def pick_anchors(prompt_len: int, length: int, count: int, generator: torch.Generator) -> list[int]:
     """Up to `count` sorted anchors L with the root x_L in [prompt_len - 1, length - 2] (drafts in the continuation)."""
-    low, high = max(1, prompt_len - 1), length - 2
-    if high < low:
+    anchors = anchor_range(prompt_len, length)
+    if not anchors:
         return []
-    choice = torch.randperm(high - low + 1, generator=generator)[:count] + low
+    choice = torch.randperm(len(anchors), generator=generator)[:count] + anchors.start
     return sorted(choice.tolist())
 
 

@@ -30,6 +30,7 @@ from typing import Any
 import torch
 
 from weaver.adapter import CandidatePools, Weaver, WeaverConfig, candidate_pools
+from weaver.training.features import anchor_range
 from weaver.training.muon import Muon
 from weaver.training.resume import add_restart_argument, fingerprint, resumable, store_fingerprint
 
@@ -137,10 +138,8 @@ def adapter_loss(
 
 def sample_anchors(length: int, prompt_len: int, count: int, rng: random.Random) -> list[int]:
     """Anchors L (root = x_L) with a context (L >= 1) whose drafts x_{L+1}, ... lie in the completion."""
-    low, high = max(1, prompt_len - 1), length - 2
-    if high < low:
-        return []
-    return sorted(rng.sample(range(low, high + 1), min(count, high - low + 1)))
+    anchors = anchor_range(prompt_len, length)
+    return sorted(rng.sample(anchors, min(count, len(anchors))))
 
 
 @torch.no_grad()

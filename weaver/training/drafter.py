@@ -24,6 +24,7 @@ from weaver.training.features import (
     FeatureSpec,
     FeatureStore,
     add_data_arguments,
+    anchor_range,
     compute_features,
     training_sequences,
 )
@@ -62,11 +63,11 @@ class TrainStats:
 def sample_anchors(prompt_len: int, seq_len: int, n: int, generator: torch.Generator) -> torch.Tensor:
     """Up to n distinct sorted anchors a with 1 <= a, a + 1 >= prompt_len (first prediction in the completion) and
     a <= seq_len - 2 (at least one target token after the root). Empty when the sequence has none."""
-    lo, hi = max(1, prompt_len - 1), seq_len - 2
-    if hi < lo:
+    anchors = anchor_range(prompt_len, seq_len)
+    if not anchors:
         return torch.zeros(0, dtype=torch.long)
-    choice = torch.randperm(hi - lo + 1, generator=generator)[:n]
-    return (choice + lo).sort().values
+    choice = torch.randperm(len(anchors), generator=generator)[:n]
+    return (choice + anchors.start).sort().values
 
 
 def pack_blocks(anchors: torch.Tensor, seq_len: int, cfg: DrafterConfig, ids: torch.Tensor) -> dict[str, torch.Tensor]:

@@ -59,6 +59,13 @@ class FeatureSpec:
     shard_size: int = 64
 
 
+def anchor_range(prompt_len: int, length: int) -> range:
+    """Anchors L of a sequence of `length` tokens whose prompt has `prompt_len`: the root x_L has a context (L >= 1),
+    the first draft x_{L+1} lies in the completion (L >= prompt_len - 1) and has a target token (L <= length - 2).
+    Drafter and adapter training and the teacher-forced evaluation sample their anchors from it."""
+    return range(max(1, prompt_len - 1), length - 1)
+
+
 def read_token_jsonl(path: str | Path) -> list[TrainingSequence]:
     """Sequences from a JSONL file: one `{"ids": [...], "prompt_len": k}` object (or a plain id list) per line."""
     sequences = []
