@@ -217,6 +217,10 @@ def test_figures_rebuild_from_committed_logs_without_producing_jobs(tmp_path: Pa
     rows = [[cell.strip() for cell in line.split("|")[1:-1]] for line in ratios.splitlines() if line.startswith("|")]
     budget8 = next(row for row in rows if row[2] == "8")
     assert budget8[3:9] == ["2.06", "2.84", "3.17", "1.12", "1.54", "1.38"], ratios
+    low, high = (float(x) for x in budget8[9].strip("[]").split(","))  # paired bootstrap over the fixture's prompts
+    reachable = resampled_ratios(tmp_path, "weaver", "ddtree", 8)
+    assert min(reachable) - 0.005 <= low <= 3.171 / 2.838 <= high <= max(reachable) + 0.005, (low, high)
+    assert high - low > 0.01  # the fixture's prompts differ, so the resamples do
     steps = (figures / "step_time.md").read_text()
     rows = [[cell.strip() for cell in line.split("|")[1:-1]] for line in steps.splitlines() if line.startswith("|")]
     weaver8 = next(row for row in rows if row[1] == "Weaver tree" and row[2] == "8")
@@ -248,6 +252,24 @@ def macro_throughput(root: Path, method: str, budget: int) -> float:
         per_dataset.append(sum(r["new_tokens"] for r in rows) / sum(r["wall_s"] for r in rows))
     assert per_dataset, f"no {method} b{budget} records under {root}"
     return sum(per_dataset) / len(per_dataset)
+
+
+def resampled_ratios(root: Path, num: str, den: str, budget: int) -> list[float]:
+    """Every macro(num) / macro(den) a paired resample of each dataset's prompts can give (exhaustive, small runs)."""
+    import itertools
+
+    per_dataset = []
+    for records in sorted(root.glob(f"results/*/raw/bench/*/*/{num}/b{budget}-t0/records.jsonl")):
+        taus = {}
+        for method in (num, den):
+            path = Path(str(records).replace(f"/{num}/", f"/{method}/"))
+            taus[method] = {r["prompt_id"]: r["tau"] for r in map(json.loads, path.read_text().splitlines())}
+        per_dataset.append([(taus[num][p], taus[den][p]) for p in sorted(taus[num])])
+    ratios = []
+    for picks in itertools.product(*(itertools.combinations_with_replacement(d, len(d)) for d in per_dataset)):
+        macro = [sum(sum(pair[i] for pair in pick) / len(pick) for pick in picks) / len(picks) for i in (0, 1)]
+        ratios.append(macro[0] / macro[1])
+    return ratios
 
 
 def decode_ms_per_step(root: Path, method: str, budget: int) -> float:

@@ -34,6 +34,7 @@ rule per_dataset:
 rule tau_ratios:
     input:
         macro=TIDY["macro"],
+        requests=TIDY["requests"],
     output:
         artifact("tau_ratios"),
     log:

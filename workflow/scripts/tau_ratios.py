@@ -2,12 +2,18 @@
 (DFlash chain, DDTree, Weaver tree) and the ratios between them, per model, temperature and budget. The paper's effect
 is Weaver > DDTree > chain with the gap growing with the budget (+32% over DDTree, +77% over the chain at budget 64).
 
-Inputs: results/{run}/tidy/macro.csv. Outputs: figures/{run}/tau_ratios.{md,tex}. A ratio column appears only where
-both of its methods were benchmarked.
+The headline ratio, Weaver / DDTree, comes with a 95% interval from a paired bootstrap over prompts: each resample
+draws every dataset's prompts with replacement (the same prompts for both builders), and the ratio of the two macro
+means is recomputed; 2000 resamples, seeded. It measures how much the ratio depends on which prompts were drawn (at
+temperature 1 each prompt's own sampled continuation included), not the spread over reruns of the same prompts.
+
+Inputs: results/{run}/tidy/macro.csv and requests.csv. Outputs: figures/{run}/tau_ratios.{md,tex}. A ratio column
+appears only where both of its methods were benchmarked.
 """
 
 import sys
 
+import numpy as np
 import pandas as pd
 
 sys.path.insert(0, snakemake.scriptdir)  # noqa: F821 (injected by Snakemake)
@@ -18,14 +24,48 @@ RATIOS = [("weaver", "ddtree"), ("weaver", "chain"), ("ddtree", "chain")]
 SHORT = {"chain": "chain", "ddtree": "DDTree", "weaver": "Weaver"}  # ratio column names
 
 
-def ratio_table(macro: pd.DataFrame) -> pd.DataFrame:
-    """One row per (model, temperature, budget): tau of each builder present and the ratios between them."""
+RESAMPLES = 2000
+CI_COLUMN = "Weaver / DDTree, 95% CI"
+
+
+def paired_taus(requests: pd.DataFrame, num: str, den: str) -> dict[tuple, list[np.ndarray]]:
+    """(model, temperature, budget) -> per dataset, an array [prompts, 2] of (num, den) tau on the prompts both ran."""
+    keys = ["model", "temperature", "budget", "dataset", "prompt_id"]
+    pair = requests[requests["method"] == num][[*keys, "tau"]].merge(
+        requests[requests["method"] == den][[*keys, "tau"]], on=keys, suffixes=("_num", "_den")
+    )
+    out: dict[tuple, list[np.ndarray]] = {}
+    for (model, temperature, budget, _), rows in pair.groupby(keys[:4], sort=True):
+        out.setdefault((model, temperature, budget), []).append(rows[["tau_num", "tau_den"]].to_numpy(float))
+    return out
+
+
+def bootstrap_interval(datasets: list[np.ndarray], resamples: int = RESAMPLES, seed: int = 0) -> tuple[float, float]:
+    """2.5 and 97.5 percentiles of macro(num) / macro(den) over resamples of each dataset's prompts (paired)."""
+    rng = np.random.default_rng(seed)
+    num, den = np.zeros(resamples), np.zeros(resamples)
+    for taus in datasets:
+        picks = rng.integers(0, len(taus), size=(resamples, len(taus)))
+        means = taus[picks].mean(axis=1)  # [resamples, 2]
+        num += means[:, 0] / len(datasets)
+        den += means[:, 1] / len(datasets)
+    low, high = np.percentile(num / den, [2.5, 97.5])
+    return float(low), float(high)
+
+
+def ratio_table(macro: pd.DataFrame, requests: pd.DataFrame | None = None) -> pd.DataFrame:
+    """One row per (model, temperature, budget): tau of each builder present, the ratios between them and, given the
+    per-prompt requests, the paired-bootstrap interval of Weaver / DDTree."""
     trees = macro[macro["method"].isin(BUILDERS)]
     wide = trees.pivot_table(index=["model", "temperature", "budget"], columns="method", values="tau").reset_index()
     present = [m for m in BUILDERS if m in wide.columns]
     for num, den in RATIOS:
         if num in present and den in present:
             wide[f"{SHORT[num]} / {SHORT[den]}"] = wide[num] / wide[den]
+    if requests is not None and {"weaver", "ddtree"} <= set(present):
+        pairs = paired_taus(requests, "weaver", "ddtree")
+        intervals = [pairs.get(tuple(key)) for key in wide[["model", "temperature", "budget"]].itertuples(index=False)]
+        wide[CI_COLUMN] = ["" if p is None else "[{:.2f}, {:.2f}]".format(*bootstrap_interval(p)) for p in intervals]
     wide = wide.rename(columns={m: plot_style.METHOD_LABELS[m] for m in present})
     wide.columns.name = None
     return wide.sort_values(["model", "temperature", "budget"])
@@ -33,8 +73,13 @@ def ratio_table(macro: pd.DataFrame) -> pd.DataFrame:
 
 def main(smk) -> None:
     macro = pd.read_csv(smk.input.macro)
-    caption = "Macro tau of the tree builders at equal budget and the ratios between them"
-    table = ratio_table(macro)
+    requests = pd.read_csv(smk.input.requests, usecols=["model", "dataset", "method", "budget", "temperature",
+                                                        "prompt_id", "tau"])  # fmt: skip
+    caption = (
+        "Macro tau of the tree builders at equal budget and the ratios between them; Weaver / DDTree with a 95%"
+        f" paired-bootstrap interval over prompts ({RESAMPLES} resamples, stratified by dataset)"
+    )
+    table = ratio_table(macro, requests)
     if table.empty:
         caption += ": no chain, DDTree or Weaver cells in the logs"
     plot_style.save_table(table, smk.output, caption)
