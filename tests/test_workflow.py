@@ -205,6 +205,9 @@ def test_figures_rebuild_from_committed_logs_without_producing_jobs(tmp_path: Pa
     names += ["tree_tau.md", "tree_tau.tex", "tau_ratios.md", "tau_ratios.tex"]
     for name in names:
         assert (figures / name).stat().st_size > 0, name
+    for tex in figures.glob("*.tex"):  # names such as transformers_ar and "95% CI" would break LaTeX unescaped
+        unescaped = re.findall(r".{0,20}(?<!\\)[%_#].{0,20}", tex.read_text())
+        assert not unescaped, f"{tex.name}: {unescaped[:3]}"
     table1 = (figures / "table1.md").read_text()
     rows = [[cell.strip() for cell in line.split("|")[1:-1]] for line in table1.splitlines() if line.startswith("|")]
     speedups = {row[1]: row[4] for row in rows[2:]}  # columns: model, method, budget, tok/s, speedup, tau, datasets

@@ -63,14 +63,28 @@ def save_figure(fig: plt.Figure, outputs: list[str]) -> None:
     plt.close(fig)
 
 
+LATEX_SPECIALS = {c: "\\" + c for c in "%_#$&{}"} | {
+    "~": r"\textasciitilde{}",
+    "^": r"\textasciicircum{}",
+    "\\": r"\textbackslash{}",
+}
+
+
+def latex_escape(text: str) -> str:
+    """Text for LaTeX: %, _, #, $, &, braces, ~, ^ and backslash escaped (names such as transformers_ar, "95% CI")."""
+    return "".join(LATEX_SPECIALS.get(c, c) for c in text)
+
+
 def save_table(table: pd.DataFrame, outputs: list[str], caption: str) -> None:
-    """Write one table as Markdown (.md) and LaTeX (.tex), by the extension of each output."""
+    """Write one table as Markdown (.md) and LaTeX (.tex), by the extension of each output; the LaTeX escapes the
+    caption, the headers and the cells."""
     for path in outputs:
         suffix = Path(path).suffix
         if suffix == ".md":
             Path(path).write_text(f"{caption}\n\n{table.to_markdown(index=False, floatfmt='.2f')}\n")
         elif suffix == ".tex":
-            Path(path).write_text(table.to_latex(index=False, float_format="%.2f", caption=caption))
+            latex = table.to_latex(index=False, float_format="%.2f", caption=latex_escape(caption), escape=True)
+            Path(path).write_text(latex)
 
 
 def empty_note(ax: plt.Axes, what: str) -> None:
