@@ -122,7 +122,7 @@ def test_verify_through_the_tree_attention_kernel_equals_the_masked_sdpa(family,
     """With a fast kernel backend (the default on CUDA tensors; here Triton's interpreter on CPU tensors), a verify's
     attention layers run weaver_kernels.tree_attention instead of SDPA over a dense mask: same logits."""
     pytest.importorskip("triton")
-    monkeypatch.setenv("TRITON_INTERPRET", "1")  # read by resolve(); tests/kernels/conftest.py sets it at collection
+    monkeypatch.setenv("TRITON_INTERPRET", "1")  # read by resolve(); tests/conftest.py set it before triton loaded
     import weaver_kernels
 
     _, model = tiny_pair(family)
