@@ -209,7 +209,7 @@ def test_figures_rebuild_from_committed_logs_without_producing_jobs(tmp_path: Pa
         unescaped = re.findall(r".{0,20}(?<!\\)[%_#].{0,20}", tex.read_text())
         assert not unescaped, f"{tex.name}: {unescaped[:3]}"
     table1 = (figures / "table1.md").read_text()
-    rows = [[cell.strip() for cell in line.split("|")[1:-1]] for line in table1.splitlines() if line.startswith("|")]
+    rows = markdown_rows(table1)
     speedups = {row[1]: row[4] for row in rows[2:]}  # columns: model, method, budget, tok/s, speedup, tau, datasets
     expected = macro_throughput(tmp_path, "weaver", 8) / macro_throughput(tmp_path, "ar", 0)
     assert speedups["AR"] == "1.00" and speedups["Weaver tree"] == f"{expected:.2f}", table1
@@ -217,7 +217,7 @@ def test_figures_rebuild_from_committed_logs_without_producing_jobs(tmp_path: Pa
     weaver_row = next(line for line in trees.splitlines() if "Weaver tree" in line)
     assert "1.69" in weaver_row and "1.23" in weaver_row, trees
     ratios = (figures / "tau_ratios.md").read_text()  # fixture, budget 8: Weaver 3.171, DDTree 2.838, chain 2.056
-    rows = [[cell.strip() for cell in line.split("|")[1:-1]] for line in ratios.splitlines() if line.startswith("|")]
+    rows = markdown_rows(ratios)
     budget8 = next(row for row in rows if row[2] == "8")
     assert budget8[3:9] == ["2.06", "2.84", "3.17", "1.12", "1.54", "1.38"], ratios
     low, high = (float(x) for x in budget8[9].strip("[]").split(","))  # paired bootstrap over the fixture's prompts
@@ -225,7 +225,7 @@ def test_figures_rebuild_from_committed_logs_without_producing_jobs(tmp_path: Pa
     assert min(reachable) - 0.005 <= low <= 3.171 / 2.838 <= high <= max(reachable) + 0.005, (low, high)
     assert high - low > 0.01  # the fixture's prompts differ, so the resamples do
     steps = (figures / "step_time.md").read_text()
-    rows = [[cell.strip() for cell in line.split("|")[1:-1]] for line in steps.splitlines() if line.startswith("|")]
+    rows = markdown_rows(steps)
     weaver8 = next(row for row in rows if row[1] == "Weaver tree" and row[2] == "8")
     expected = decode_ms_per_step(tmp_path, "weaver", 8) / decode_ms_per_step(tmp_path, "ar", 0)
     assert weaver8[6] == f"{decode_ms_per_step(tmp_path, 'weaver', 8):.2f}" and weaver8[8] == f"{expected:.2f}", steps
@@ -246,28 +246,47 @@ def test_figures_rebuild_from_committed_logs_without_producing_jobs(tmp_path: Pa
         assert name in html, f"{name} missing from snakemake --report"
 
 
+def markdown_rows(table: str) -> list[list[str]]:
+    """The cells of every row of a Markdown table (header and separator rows included)."""
+    return [[cell.strip() for cell in line.split("|")[1:-1]] for line in table.splitlines() if line.startswith("|")]
+
+
+def cell_records(root: Path, method: str, budget: int) -> list[list[dict]]:
+    """A run's raw records of one method and budget at temperature 0, one list per dataset."""
+    paths = sorted(root.glob(f"results/*/raw/bench/*/*/{method}/b{budget}-t0/records.jsonl"))
+    assert paths, f"no {method} b{budget} records under {root}"
+    return [[json.loads(line) for line in path.read_text().splitlines()] for path in paths]
+
+
 def macro_throughput(root: Path, method: str, budget: int) -> float:
     """From a run's raw records: tokens per second pooled over each dataset's requests (prefill included), then
     averaged over datasets (Table 1's tok/s; its speedup is the ratio of two such macros)."""
-    per_dataset = []
-    for records in sorted(root.glob(f"results/*/raw/bench/*/*/{method}/b{budget}-t0/records.jsonl")):
-        rows = [json.loads(line) for line in records.read_text().splitlines()]
-        per_dataset.append(sum(r["new_tokens"] for r in rows) / sum(r["wall_s"] for r in rows))
-    assert per_dataset, f"no {method} b{budget} records under {root}"
+    per_dataset = [
+        sum(r["new_tokens"] for r in rows) / sum(r["wall_s"] for r in rows)
+        for rows in cell_records(root, method, budget)
+    ]
     return sum(per_dataset) / len(per_dataset)
+
+
+def assert_smoke_table1(root: Path) -> None:
+    """The smoke run's Table 1 lists its four methods with the speedups its raw records give."""
+    table1 = (root / "figures" / "smoke" / "table1.md").read_text()
+    speedups = {row[1]: row[4] for row in markdown_rows(table1)[2:]}  # model, method, budget, tok/s, speedup, ...
+    assert set(speedups) == {"AR", "Prompt lookup", "DFlash chain", "Weaver tree"}, table1
+    assert speedups["AR"] == "1.00"
+    ar = macro_throughput(root, "ar", 0)
+    for label, method in (("Prompt lookup", "prompt_lookup"), ("DFlash chain", "chain"), ("Weaver tree", "weaver")):
+        assert speedups[label] == f"{macro_throughput(root, method, 4) / ar:.2f}", table1
 
 
 def resampled_ratios(root: Path, num: str, den: str, budget: int) -> list[float]:
     """Every macro(num) / macro(den) a paired resample of each dataset's prompts can give (exhaustive, small runs)."""
     import itertools
 
-    per_dataset = []
-    for records in sorted(root.glob(f"results/*/raw/bench/*/*/{num}/b{budget}-t0/records.jsonl")):
-        taus = {}
-        for method in (num, den):
-            path = Path(str(records).replace(f"/{num}/", f"/{method}/"))
-            taus[method] = {r["prompt_id"]: r["tau"] for r in map(json.loads, path.read_text().splitlines())}
-        per_dataset.append([(taus[num][p], taus[den][p]) for p in sorted(taus[num])])
+    per_dataset = []  # datasets in the same (path) order for both methods
+    for num_rows, den_rows in zip(cell_records(root, num, budget), cell_records(root, den, budget), strict=True):
+        den_tau = {r["prompt_id"]: r["tau"] for r in den_rows}
+        per_dataset.append([(r["tau"], den_tau[r["prompt_id"]]) for r in num_rows])
     ratios = []
     for picks in itertools.product(*(itertools.combinations_with_replacement(d, len(d)) for d in per_dataset)):
         macro = [sum(sum(pair[i] for pair in pick) / len(pick) for pick in picks) / len(picks) for i in (0, 1)]
@@ -278,11 +297,10 @@ def resampled_ratios(root: Path, num: str, den: str, budget: int) -> list[float]
 def decode_ms_per_step(root: Path, method: str, budget: int) -> float:
     """From a run's raw records: ms per decoding step (wall time less time to first token) pooled over each
     dataset's requests, then averaged over datasets (what figures/*/step_time reports)."""
-    per_dataset = []
-    for records in sorted(root.glob(f"results/*/raw/bench/*/*/{method}/b{budget}-t0/records.jsonl")):
-        rows = [json.loads(line) for line in records.read_text().splitlines()]
-        per_dataset.append(1000 * sum(r["wall_s"] - r["ttft_s"] for r in rows) / sum(r["steps"] for r in rows))
-    assert per_dataset, f"no {method} b{budget} records under {root}"
+    per_dataset = [
+        1000 * sum(r["wall_s"] - r["ttft_s"] for r in rows) / sum(r["steps"] for r in rows)
+        for rows in cell_records(root, method, budget)
+    ]
     return sum(per_dataset) / len(per_dataset)
 
 
@@ -320,14 +338,7 @@ def test_smoke_run_end_to_end(tmp_path: Path) -> None:
     """config/smoke.yaml from nothing to every artifact (needs the real engine, trainers and kernels)."""
     run = snakemake("--configfile", str(ROOT / "config" / "smoke.yaml"), "--directory", str(tmp_path), timeout=600)
     assert run.returncode == 0, run.stdout[-5000:] + run.stderr[-5000:]
-    table1 = (tmp_path / "figures" / "smoke" / "table1.md").read_text()
-    rows = [[cell.strip() for cell in line.split("|")[1:-1]] for line in table1.splitlines() if line.startswith("|")]
-    speedups = {row[1]: row[4] for row in rows[2:]}  # columns: model, method, budget, tok/s, speedup, tau, datasets
-    assert set(speedups) == {"AR", "Prompt lookup", "DFlash chain", "Weaver tree"}, table1
-    assert speedups["AR"] == "1.00"
-    ar = macro_throughput(tmp_path, "ar", 0)
-    for label, method in (("Prompt lookup", "prompt_lookup"), ("DFlash chain", "chain"), ("Weaver tree", "weaver")):
-        assert speedups[label] == f"{macro_throughput(tmp_path, method, 4) / ar:.2f}", table1
+    assert_smoke_table1(tmp_path)
 
 
 @pytest.mark.slow
@@ -342,14 +353,7 @@ def test_smoke_run_through_slurm(tmp_path: Path, slurm_cluster: None) -> None:
         timeout=900,
     )  # fmt: skip
     assert run.returncode == 0, run.stdout[-5000:] + run.stderr[-5000:]
-    table1 = (tmp_path / "figures" / "smoke" / "table1.md").read_text()
-    rows = [[cell.strip() for cell in line.split("|")[1:-1]] for line in table1.splitlines() if line.startswith("|")]
-    speedups = {row[1]: row[4] for row in rows[2:]}  # columns: model, method, budget, tok/s, speedup, tau, datasets
-    assert set(speedups) == {"AR", "Prompt lookup", "DFlash chain", "Weaver tree"}, table1
-    assert speedups["AR"] == "1.00"
-    ar = macro_throughput(tmp_path, "ar", 0)
-    for label, method in (("Prompt lookup", "prompt_lookup"), ("DFlash chain", "chain"), ("Weaver tree", "weaver")):
-        assert speedups[label] == f"{macro_throughput(tmp_path, method, 4) / ar:.2f}", table1
+    assert_smoke_table1(tmp_path)
 
 
 @pytest.mark.slow

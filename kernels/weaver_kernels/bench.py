@@ -35,6 +35,7 @@ from pathlib import Path
 import torch
 
 import weaver_kernels as wk
+from weaver_kernels.gdn_tree.naive import ancestor_masks
 
 # name -> (H key heads, HV value heads, K, V)
 LAYOUTS = {
@@ -158,24 +159,20 @@ def time_us(fn: Callable[[], object], device: torch.device, repeats: int, timing
 
 def resolved_backend(layout: str, device: torch.device, backend: str) -> str:
     """The implementation the timed fast path of `layout` runs under `backend` ("ref", "triton" or "cuda")."""
-    op = "weaver_step_attention" if layout in WEAVER_STEP else "tree_attention" if layout in TREE_ATTENTION else None
+    op = "gdn_tree_verify"
+    if layout in WEAVER_STEP:
+        op = "weaver_step_attention"
+    elif layout in TREE_ATTENTION:
+        op = "tree_attention"
     with wk.use_backend(backend):
-        return wk.resolve(op or "gdn_tree_verify", device)
+        return wk.resolve(op, device)
 
 
 def measure_attention(n: int, device: torch.device, dtype: torch.dtype, backend: str, repeats: int, timing: str) -> Row:
     """One verify attention layer: SDPA over the dense ancestor mask vs the dispatched tree_attention."""
     args = make_attention_inputs(n, device, dtype, seed=n)
-    t = args[3].shape[0]
-    mask = torch.ones(n, t + n, dtype=torch.bool)
-    parents = args[5].tolist()
-    for i in range(n):  # ancestor-or-self block, walked on the host once (the model builds it from the Tree)
-        mask[i, t:] = False
-        j = i
-        while j >= 0:
-            mask[i, t + j] = True
-            j = parents[j]
-    mask = mask.to(device)
+    _, ancestors_or_self = ancestor_masks(args[5])
+    mask = torch.cat([torch.ones(n, args[3].shape[0], dtype=torch.bool, device=device), ancestors_or_self], dim=1)
     sdpa = time_us(lambda: masked_sdpa(*args[:5], mask), device, repeats, timing)
     with wk.use_backend(backend):
         fast = time_us(lambda: wk.tree_attention(*args), device, repeats, timing)

@@ -53,8 +53,8 @@ def bootstrap_interval(datasets: list[np.ndarray], resamples: int = RESAMPLES, s
     return float(low), float(high)
 
 
-def ratio_table(macro: pd.DataFrame, requests: pd.DataFrame | None = None) -> pd.DataFrame:
-    """One row per (model, temperature, budget): tau of each builder present, the ratios between them and, given the
+def ratio_table(macro: pd.DataFrame, requests: pd.DataFrame) -> pd.DataFrame:
+    """One row per (model, temperature, budget): tau of each builder present, the ratios between them and, from the
     per-prompt requests, the paired-bootstrap interval of Weaver / DDTree."""
     trees = macro[macro["method"].isin(BUILDERS)]
     wide = trees.pivot_table(index=["model", "temperature", "budget"], columns="method", values="tau").reset_index()
@@ -62,7 +62,7 @@ def ratio_table(macro: pd.DataFrame, requests: pd.DataFrame | None = None) -> pd
     for num, den in RATIOS:
         if num in present and den in present:
             wide[f"{SHORT[num]} / {SHORT[den]}"] = wide[num] / wide[den]
-    if requests is not None and {"weaver", "ddtree"} <= set(present):
+    if {"weaver", "ddtree"} <= set(present):
         pairs = paired_taus(requests, "weaver", "ddtree")
         intervals = [pairs.get(tuple(key)) for key in wide[["model", "temperature", "budget"]].itertuples(index=False)]
         wide[CI_COLUMN] = ["" if p is None else "[{:.2f}, {:.2f}]".format(*bootstrap_interval(p)) for p in intervals]
@@ -73,8 +73,8 @@ def ratio_table(macro: pd.DataFrame, requests: pd.DataFrame | None = None) -> pd
 
 def main(smk) -> None:
     macro = pd.read_csv(smk.input.macro)
-    requests = pd.read_csv(smk.input.requests, usecols=["model", "dataset", "method", "budget", "temperature",
-                                                        "prompt_id", "tau"])  # fmt: skip
+    columns = ["model", "dataset", "method", "budget", "temperature", "prompt_id", "tau"]
+    requests = pd.read_csv(smk.input.requests, usecols=columns)
     caption = (
         "Macro tau of the tree builders at equal budget and the ratios between them; Weaver / DDTree with a 95%"
         f" paired-bootstrap interval over prompts ({RESAMPLES} resamples, stratified by dataset)"
