@@ -1,0 +1,88 @@
+"""The README's result tables are copies of the workflow's: every row it shows must be a row of the file it names.
+
+A README table is tied to the first `figures/<run>/<name>.md` named in the text between it and the table before it
+(tables that name none, like the layout or the H200 kernel table, are not generated and not checked). The README may
+show fewer rows or columns than the file and may pad cells differently; every cell it shows must equal the file's.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+FIGURE_REF = re.compile(r"figures/[\w.-]+/[\w.-]+\.md")
+
+
+def split_tables(text: str) -> list[tuple[str, list[str]]]:
+    """(text before the table, the table's lines) for each Markdown table, in order."""
+    tables, prose, lines = [], [], text.splitlines()
+    i = 0
+    while i < len(lines):
+        if lines[i].startswith("|"):
+            start = i
+            while i < len(lines) and lines[i].startswith("|"):
+                i += 1
+            tables.append(("\n".join(prose), lines[start:i]))
+            prose = []
+        else:
+            prose.append(lines[i])
+            i += 1
+    return tables
+
+
+def parse_table(lines: list[str]) -> tuple[list[str], list[list[str]]]:
+    """Header cells and data rows (the separator row dropped) of one Markdown table."""
+    rows = [[cell.strip() for cell in line.strip().split("|")[1:-1]] for line in lines]
+    if len(rows) < 2 or not all(set(cell) <= set(":- ") for cell in rows[1]):
+        raise ValueError(f"not a Markdown table (no separator row): {lines[:2]}")
+    return rows[0], rows[2:]
+
+
+def unmatched_rows(shown: list[str], source: list[str]) -> list[str]:
+    """The rows of the table `shown` (lines) that are not rows of `source` (lines) on the columns `shown` has."""
+    header, rows = parse_table(shown)
+    source_header, source_rows = parse_table(source)
+    missing = [name for name in header if name not in source_header]
+    if missing:
+        return [f"columns {missing} are not in the source table's header {source_header}"]
+    index = [source_header.index(name) for name in header]
+    keys = {tuple(row[i] for i in index) for row in source_rows}
+    return ["| " + " | ".join(row) + " |" for row in rows if tuple(row) not in keys]
+
+
+def readme_tables(readme: Path) -> list[tuple[str, list[str]]]:
+    """(figures path, table lines) of each README table tied to a generated table."""
+    tied = []
+    for prose, table in split_tables(readme.read_text()):
+        refs = FIGURE_REF.findall(prose)
+        if refs:
+            tied.append((refs[0], table))
+    return tied
+
+
+def test_matching_ignores_padding_and_checks_every_shown_cell():
+    source = ["| model | tau | speedup |", "|:--|--:|--:|", "| a   |  1.50 | 0.90 |", "| b | 1.20 | 1.10 |"]
+    assert unmatched_rows(["| tau | model |", "|---|---|", "| 1.50 | a |"], source) == []
+    assert unmatched_rows(["| model | tau |", "|---|---|", "| a | 1.51 |"], source) == ["| a | 1.51 |"]
+    assert unmatched_rows(["| model | steps |", "|---|---|", "| a | 3 |"], source)[0].startswith("columns ['steps']")
+
+
+def test_tables_are_tied_to_the_first_figures_file_named_before_them():
+    text = "x\n| a |\n|---|\n| 1 |\nsee `figures/cpu/one.md`, `figures/cpu/two.md`\n\n| b |\n|---|\n| 2 |\n"
+    tables = split_tables(text)
+    assert [FIGURE_REF.findall(prose)[:1] for prose, _ in tables] == [[], ["figures/cpu/one.md"]]
+
+
+@pytest.mark.parametrize("readme", [ROOT / "README.md"], ids=["README"])
+def test_readme_result_tables_equal_the_generated_ones(readme: Path):
+    tied = readme_tables(readme)
+    assert len(tied) >= 5, f"expected the README's result tables, found {[ref for ref, _ in tied]}"
+    for ref, table in tied:
+        source = ROOT / ref
+        assert source.is_file(), f"README table names {ref}, which does not exist"
+        _, source_table = split_tables(source.read_text())[0]
+        stale = unmatched_rows(table, source_table)
+        assert not stale, f"README rows not in {ref} (rerun the figures or recopy the table):\n" + "\n".join(stale)
