@@ -232,6 +232,9 @@ class FakeStore:
     def __init__(self, examples: list[dict]) -> None:
         self.examples = examples
 
+    def __len__(self) -> int:
+        return len(self.examples)
+
     def iterate(self, rng: random.Random):
         yield from self.examples
 
@@ -366,6 +369,9 @@ def test_train_writes_a_strict_checkpoint_and_resumes(tmp_path, optimizer: str) 
     messages = []
     history = train(loaded, drafter, store, embed, lm_head, more, tmp_path, log=messages.append)
     assert len(history) == 2 and "resuming at step 3" in messages[0]
+    assert [m for m in messages if "drafting chains" in m] == [
+        f"adapter: drafting chains, {n}/3 sequences" for n in (1, 2)
+    ]
     assert torch.load(tmp_path / "train_state.pt", weights_only=True)["step"] == 5
 
 

@@ -381,14 +381,17 @@ def draft_bank(
 
     The drafter is frozen, so its drafts never change; drafting (a drafter pass plus an [A, D, V] lm_head product per
     sequence) costs far more than a Weaver step, so the bank lets the adapter take many more steps per CPU minute.
-    Hidden states are kept in float16 (unpack() restores float32).
+    Hidden states are kept in float16 (unpack() restores float32). Drafting takes minutes to tens of minutes on a CPU,
+    so it logs its progress about every tenth of the sequences.
     """
-    bank = []
-    for example in store.iterate(rng):
+    bank, total = [], len(store)
+    for n, example in enumerate(store.iterate(rng)):
         anchors = sample_anchors(example["ids"].shape[0], int(example["prompt_len"]), cfg.anchors_per_seq, rng)
         if anchors:
             batch = make_batch(drafter, example, anchors, embed_weight, lm_head_weight, cfg.pool_size)
             bank.append(_with_hidden(batch, torch.float16))
+        if (n + 1) % max(1, total // 10) == 0 and n + 1 < total:
+            log(f"adapter: drafting chains, {n + 1}/{total} sequences")
     if not bank:
         raise ValueError("no training sequence has a completion to anchor in: check the feature store's prompt_len")
     log(f"adapter: drafted {sum(b.chain.shape[0] for b in bank)} chains of {len(bank)} sequences")
