@@ -157,6 +157,33 @@ def test_table_path_equals_module_path(weaver: Weaver) -> None:
     torch.testing.assert_close(fast, slow, rtol=1e-4, atol=1e-4)
 
 
+def test_module_path_scores_pools_like_gathered_lm_head_rows(weaver: Weaver) -> None:
+    """pool_logits scores the distinct pool tokens once; values and gradients equal the direct per-pool gather."""
+    lm_head = torch.randn(V, D_MODEL)
+    pools = weaver.pools(torch.randn(2, DEPTH, V - 50))  # narrow vocabulary: the pools carry -1 padding
+    assert (pools.ids == -1).any() and pools.ids.unique().numel() < pools.ids.numel()
+    h = torch.randn(2, DEPTH, D_RANK)
+
+    def direct(h: torch.Tensor) -> torch.Tensor:
+        query = weaver.lm_head_query_in(weaver.out_norm(h))
+        rows = lm_head[pools.ids.clamp(min=0)]  # [2, DEPTH, K, D_MODEL]
+        return pools.scores + (rows @ query[..., None]).squeeze(-1)
+
+    weights = torch.randn(2, DEPTH, pools.ids.shape[-1])
+    results = []
+    for fn in (lambda h: weaver.pool_logits(h, pools, lm_head), direct):
+        weaver.zero_grad()
+        hh = h.clone().requires_grad_(True)
+        out = fn(hh)
+        torch.where(torch.isfinite(out), out * weights, 0.0).sum().backward()
+        results.append((out.detach(), hh.grad, weaver.lm_head_query_in.weight.grad.clone()))
+    (fast, fast_h, fast_w), (slow, slow_h, slow_w) = results
+    assert torch.equal(torch.isneginf(fast), pools.ids == -1)
+    torch.testing.assert_close(fast, slow, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(fast_h, slow_h, rtol=1e-4, atol=1e-5)
+    torch.testing.assert_close(fast_w, slow_w, rtol=1e-4, atol=1e-5)
+
+
 def test_context_is_causal(weaver: Weaver) -> None:
     target, proposals = torch.randn(1, D_MODEL), torch.randn(1, DEPTH, D_MODEL)
     before = weaver.encode_context(target, proposals)

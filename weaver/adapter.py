@@ -424,7 +424,15 @@ class Weaver(nn.Module):
         """Module path (training). h: [..., d_rank]; pools.ids / scores: [..., K]; lm_head_weight: [V, d_model].
 
         Returns [..., K] = s(c) + W_lm[c] . lm_head_query_in(out_norm(h)), -inf at padding.
+
+        The pools of a batch overlap heavily (a few thousand distinct tokens over ~1000 pools of 512 on SmolLM2), so
+        every query is scored against the U distinct pool tokens in one [M, d_model] x [d_model, U] product and the
+        pools gather from that [M, U] score table, instead of gathering an [M, K, d_model] copy of lm_head rows
+        (1.1 GB per step there; 25x slower on a CPU). U <= V, so the table never exceeds [M, V].
         """
         query = self.lm_head_query_in(self.out_norm(h))  # [..., d_model]
-        rows = lm_head_weight[pools.ids.clamp(min=0)]  # [..., K, d_model]
-        return pools.scores + (rows @ query[..., None]).squeeze(-1)
+        ids = pools.ids.clamp(min=0)
+        tokens, index = ids.unique(return_inverse=True)  # [U] distinct pool tokens; index: [..., K] into them
+        scores = query.reshape(-1, query.shape[-1]) @ lm_head_weight[tokens].T  # [M, U]
+        residual = scores.gather(1, index.reshape(scores.shape[0], -1)).reshape(ids.shape)  # [..., K]
+        return pools.scores + residual

@@ -164,7 +164,8 @@ def draft_at_anchors(
     visible_ctx = torch.arange(length)[None, None, :] < anchor[:, None, None]
     mask = torch.cat([visible_ctx.expand(count, width, length), torch.ones(count, width, width, dtype=torch.bool)], -1)
     out = drafter(embed_weight[block], positions, context, mask)[:, 1:]
-    return out @ lm_head_weight.T, out, hidden[anchor - 1, last]
+    logits = (out.reshape(-1, out.shape[-1]) @ lm_head_weight.T).view(count, width - 1, -1)  # one GEMM, not a bmm
+    return logits, out, hidden[anchor - 1, last]
 
 
 def make_batch(
