@@ -7,6 +7,7 @@ show fewer rows or columns than the file and may pad cells differently; every ce
 
 from __future__ import annotations
 
+import importlib.util
 import re
 from pathlib import Path
 
@@ -86,3 +87,32 @@ def test_readme_result_tables_equal_the_generated_ones(readme: Path):
         _, source_table = split_tables(source.read_text())[0]
         stale = unmatched_rows(table, source_table)
         assert not stale, f"README rows not in {ref} (rerun the figures or recopy the table):\n" + "\n".join(stale)
+
+
+def load_recopy_script():
+    spec = importlib.util.spec_from_file_location("readme_tables", ROOT / "scripts" / "readme_tables.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_recopy_script_updates_shown_rows_and_columns_only(tmp_path: Path):
+    (tmp_path / "figures" / "cpu").mkdir(parents=True)
+    source = ["| model | budget | tau | speedup |", "|:--|--:|--:|--:|"]
+    source += ["| a | 16 | 1.40 | 0.50 |", "| a | 64 | 1.70 | 0.30 |", "| b | 64 | 2.10 | 0.40 |"]
+    (tmp_path / "figures" / "cpu" / "t.md").write_text("caption\n\n" + "\n".join(source) + "\n")
+    readme = tmp_path / "README.md"
+    shown = ["| model | budget | tau |", "|:--|--:|--:|", "| b | 64 | 2.00 |", "| a | 64 | 1.60 |"]
+    stale = "Intro.\n\nTaus (`figures/cpu/t.md`):\n\n" + "\n".join(shown) + "\n"
+    readme.write_text(stale + "\nAfter.\n")
+    script = load_recopy_script()
+    assert script.main(["--readme", str(readme), "--check"]) == 1 and readme.read_text() == stale + "\nAfter.\n"
+    assert script.main(["--readme", str(readme)]) == 0
+    text = readme.read_text()
+    ((_, table),) = [(p, t) for p, t in split_tables(text) if FIGURE_REF.findall(p)]
+    assert parse_table(table)[1] == [["b", "64", "2.10"], ["a", "64", "1.70"]]
+    assert unmatched_rows(table, source) == [] and text.startswith("Intro.") and text.endswith("After.\n")
+    assert script.main(["--readme", str(readme), "--check"]) == 0
+    readme.write_text(text.replace("| b ", "| c "))
+    assert script.main(["--readme", str(readme)]) == 2  # a row the source lacks: reported, nothing written
+    assert "| c " in readme.read_text()
