@@ -8,35 +8,36 @@ show fewer rows or columns than the file and may pad cells differently; every ce
 from __future__ import annotations
 
 import importlib.util
-import re
 from pathlib import Path
 
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-FIGURE_REF = re.compile(r"figures/[\w.-]+/[\w.-]+\.md")
+
+
+def load_recopy_script():
+    spec = importlib.util.spec_from_file_location("readme_tables", ROOT / "scripts" / "readme_tables.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+SCRIPT = load_recopy_script()  # the README tie and table parsing are the recopy script's, so both agree
+FIGURE_REF = SCRIPT.FIGURE_REF
 
 
 def split_tables(text: str) -> list[tuple[str, list[str]]]:
     """(text before the table, the table's lines) for each Markdown table, in order."""
-    tables, prose, lines = [], [], text.splitlines()
-    i = 0
-    while i < len(lines):
-        if lines[i].startswith("|"):
-            start = i
-            while i < len(lines) and lines[i].startswith("|"):
-                i += 1
-            tables.append(("\n".join(prose), lines[start:i]))
-            prose = []
-        else:
-            prose.append(lines[i])
-            i += 1
+    lines, tables, last = text.splitlines(), [], 0
+    for start, end in SCRIPT.blocks(lines):
+        tables.append(("\n".join(lines[last:start]), lines[start:end]))
+        last = end
     return tables
 
 
 def parse_table(lines: list[str]) -> tuple[list[str], list[list[str]]]:
     """Header cells and data rows (the separator row dropped) of one Markdown table."""
-    rows = [[cell.strip() for cell in line.strip().split("|")[1:-1]] for line in lines]
+    rows = [SCRIPT.cells(line) for line in lines]
     if len(rows) < 2 or not all(set(cell) <= set(":- ") for cell in rows[1]):
         raise ValueError(f"not a Markdown table (no separator row): {lines[:2]}")
     return rows[0], rows[2:]
@@ -89,13 +90,6 @@ def test_readme_result_tables_equal_the_generated_ones(readme: Path):
         assert not stale, f"README rows not in {ref} (rerun the figures or recopy the table):\n" + "\n".join(stale)
 
 
-def load_recopy_script():
-    spec = importlib.util.spec_from_file_location("readme_tables", ROOT / "scripts" / "readme_tables.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
 def test_recopy_script_updates_shown_rows_and_columns_only(tmp_path: Path):
     (tmp_path / "figures" / "cpu").mkdir(parents=True)
     source = ["| model | budget | tau | speedup |", "|:--|--:|--:|--:|"]
@@ -105,7 +99,7 @@ def test_recopy_script_updates_shown_rows_and_columns_only(tmp_path: Path):
     shown = ["| model | budget | tau |", "|:--|--:|--:|", "| b | 64 | 2.00 |", "| a | 64 | 1.60 |"]
     stale = "Intro.\n\nTaus (`figures/cpu/t.md`):\n\n" + "\n".join(shown) + "\n"
     readme.write_text(stale + "\nAfter.\n")
-    script = load_recopy_script()
+    script = SCRIPT
     assert script.main(["--readme", str(readme), "--check"]) == 1 and readme.read_text() == stale + "\nAfter.\n"
     assert script.main(["--readme", str(readme)]) == 0
     text = readme.read_text()
