@@ -35,6 +35,15 @@ def blocks(lines: list[str]) -> list[tuple[int, int]]:
     return found
 
 
+def tables(lines: list[str]) -> list[tuple[str, int, int]]:
+    """(the text since the previous table, start, end) for each Markdown table in `lines`."""
+    found, last = [], 0
+    for start, end in blocks(lines):
+        found.append(("\n".join(lines[last:start]), start, end))
+        last = end
+    return found
+
+
 def first_table(path: Path) -> tuple[list[str], list[list[str]]]:
     lines = path.read_text().splitlines()
     start, end = blocks(lines)[0]
@@ -85,8 +94,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     lines = args.readme.read_text().splitlines()
     out, last, stale, problems = [], 0, [], []
-    for start, end in blocks(lines):
-        refs = FIGURE_REF.findall("\n".join(lines[last:start]))
+    for prose, start, end in tables(lines):
+        refs = FIGURE_REF.findall(prose)
         out.extend(lines[last:start])
         table = lines[start:end]
         if refs:

@@ -28,11 +28,8 @@ FIGURE_REF = SCRIPT.FIGURE_REF
 
 def split_tables(text: str) -> list[tuple[str, list[str]]]:
     """(text before the table, the table's lines) for each Markdown table, in order."""
-    lines, tables, last = text.splitlines(), [], 0
-    for start, end in SCRIPT.blocks(lines):
-        tables.append(("\n".join(lines[last:start]), lines[start:end]))
-        last = end
-    return tables
+    lines = text.splitlines()
+    return [(prose, lines[start:end]) for prose, start, end in SCRIPT.tables(lines)]
 
 
 def parse_table(lines: list[str]) -> tuple[list[str], list[list[str]]]:
@@ -99,14 +96,13 @@ def test_recopy_script_updates_shown_rows_and_columns_only(tmp_path: Path):
     shown = ["| model | budget | tau |", "|:--|--:|--:|", "| b | 64 | 2.00 |", "| a | 64 | 1.60 |"]
     stale = "Intro.\n\nTaus (`figures/cpu/t.md`):\n\n" + "\n".join(shown) + "\n"
     readme.write_text(stale + "\nAfter.\n")
-    script = SCRIPT
-    assert script.main(["--readme", str(readme), "--check"]) == 1 and readme.read_text() == stale + "\nAfter.\n"
-    assert script.main(["--readme", str(readme)]) == 0
+    assert SCRIPT.main(["--readme", str(readme), "--check"]) == 1 and readme.read_text() == stale + "\nAfter.\n"
+    assert SCRIPT.main(["--readme", str(readme)]) == 0
     text = readme.read_text()
     ((_, table),) = [(p, t) for p, t in split_tables(text) if FIGURE_REF.findall(p)]
     assert parse_table(table)[1] == [["b", "64", "2.10"], ["a", "64", "1.70"]]
     assert unmatched_rows(table, source) == [] and text.startswith("Intro.") and text.endswith("After.\n")
-    assert script.main(["--readme", str(readme), "--check"]) == 0
+    assert SCRIPT.main(["--readme", str(readme), "--check"]) == 0
     readme.write_text(text.replace("| b ", "| c "))
-    assert script.main(["--readme", str(readme)]) == 2  # a row the source lacks: reported, nothing written
+    assert SCRIPT.main(["--readme", str(readme)]) == 2  # a row the source lacks: reported, nothing written
     assert "| c " in readme.read_text()
