@@ -177,6 +177,23 @@ def test_feature_cache_resumes_missing_shards_only(tmp_path, target):
         compute_features(target, sequences(7, seed=1), tmp_path / "f", spec)
 
 
+def test_feature_workers_split_the_shards_of_one_folder(tmp_path, target):
+    spec = FeatureSpec("stand-in", drafter_config().hidden_layers, top_k=8, shard_size=2)
+    data = sequences(7)  # 4 shards
+    single = compute_features(target, data, tmp_path / "one", spec, log=lambda _: None)
+    before = target.calls
+    assert compute_features(target, data, tmp_path / "two", spec, log=lambda _: None, worker=1, workers=2) is None
+    assert target.calls - before == 3  # shards 1 and 3: sequences 2, 3 and 6
+    assert sorted(p.name for p in (tmp_path / "two").glob("shard_*")) == ["shard_00001.pt", "shard_00003.pt"]
+    store = compute_features(target, data, tmp_path / "two", spec, log=lambda _: None, worker=0, workers=2)
+    assert target.calls - before == 7 and store is not None
+    assert store.meta == single.meta
+    for a, b in zip(store.iterate(), single.iterate(), strict=True):
+        assert torch.equal(a["ids"], b["ids"]) and torch.equal(a["top_ids"], b["top_ids"])
+    with pytest.raises(ValueError, match="0 <= --worker < --workers"):
+        compute_features(target, data, tmp_path / "three", spec, worker=2, workers=2)
+
+
 def test_read_token_jsonl(tmp_path):
     path = tmp_path / "data.jsonl"
     path.write_text(json.dumps({"ids": [1, 2, 3], "prompt_len": 1}) + "\n" + json.dumps([4, 5]) + "\n")
@@ -416,6 +433,11 @@ def test_cli_caches_features_for_a_trained_drafters_taps(tmp_path):
 
     with pytest.raises(ValueError, match="another target, layer set or data"):  # never mixes two data sets
         train_cli.main([*feature_args, "--num-sequences", "4"])
+    with pytest.raises(ValueError, match="0 <= --worker < --workers"):
+        train_cli.main([*feature_args, "--num-sequences", "5", "--workers", "2", "--worker", "2"])
+    with pytest.raises(ValueError, match="worker 0 regenerates it"):  # a worker > 0 never regenerates completions
+        train_cli.main([*feature_args, "--data", "target", "--out", str(tmp_path / "regen"), "--workers", "2",
+                        "--worker", "1"])  # fmt: skip
 
     parser = argparse.ArgumentParser()
     add_feature_arguments(parser)

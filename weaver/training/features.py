@@ -14,7 +14,8 @@ Layout of a feature folder::
     shard_00001.pt      "top_logprobs" [T, k] float32, "prompt_len" int}
     ...
 
-Shards land atomically (temp file + rename), so an interrupted run resumes at the first missing shard.
+Shards land atomically (temp file + rename), so an interrupted run resumes at the first missing shard, and several
+processes can share one folder (`--workers N --worker K`: worker K writes shards K, K + N, ...).
 `weaver.train features` writes summary.json last: it marks a finished folder (the workflow's output).
 """
 
@@ -123,9 +124,21 @@ def target_features(model: Any, seq: TrainingSequence, spec: FeatureSpec) -> dic
 
 
 def compute_features(
-    model: Any, sequences: Sequence[TrainingSequence], out_dir: str | Path, spec: FeatureSpec, log=print
-) -> FeatureStore:
-    """Write (or resume writing) the feature folder for `sequences`; returns the finished store."""
+    model: Any,
+    sequences: Sequence[TrainingSequence],
+    out_dir: str | Path,
+    spec: FeatureSpec,
+    log=print,
+    worker: int = 0,
+    workers: int = 1,
+) -> FeatureStore | None:
+    """Write (or resume writing) the feature folder for `sequences`; returns the store once it is complete.
+
+    With workers > 1 this process writes only shards worker, worker + workers, ... (the other workers share out_dir
+    and write the rest); it returns None while shards of other workers are still missing.
+    """
+    if not 0 <= worker < workers:
+        raise ValueError(f"worker {worker} of {workers}: pass 0 <= --worker < --workers")
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     n_shards = -(-len(sequences) // spec.shard_size)
@@ -143,7 +156,7 @@ def compute_features(
             "delete the folder or pass a different features directory"
         )
     _atomic(meta_path, lambda tmp: Path(tmp).write_text(json.dumps(meta, indent=2)))
-    for shard in range(n_shards):
+    for shard in range(worker, n_shards, workers):
         path = out_dir / f"shard_{shard:05d}.pt"
         if path.exists():
             continue
@@ -151,6 +164,10 @@ def compute_features(
         examples = [target_features(model, seq, spec) for seq in chunk]
         _atomic(path, lambda tmp, examples=examples: torch.save(examples, tmp))
         log(f"features: shard {shard + 1}/{n_shards} written ({len(chunk)} sequences)")
+    missing = [i for i in range(n_shards) if not (out_dir / f"shard_{i:05d}.pt").exists()]
+    if missing and workers > 1:
+        log(f"features: worker {worker}/{workers} done; {len(missing)} shards of other workers still missing")
+        return None
     return FeatureStore(out_dir)
 
 
@@ -375,20 +392,43 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     add_data_arguments(parser)
     parser.add_argument("--seed", type=int, default=0, help="seed of the target's sampled completions (--data target)")
+    parser.add_argument(
+        "--workers",
+        type=int,
+        default=1,
+        help="processes sharing --out (same flags, one --worker each); the one that finds every shard written "
+        "writes summary.json",
+    )
+    parser.add_argument(
+        "--worker",
+        type=int,
+        default=0,
+        help="this process's index in [0, --workers): it writes shards worker, worker + workers, ...; with --data "
+        "target worker 0 regenerates completions.jsonl, and the others start once that file exists",
+    )
 
 
 def main(args: argparse.Namespace) -> None:
     from weaver.drafter import load_drafter
     from weaver.models import load_target
 
+    if not 0 <= args.worker < args.workers:
+        raise ValueError(f"--worker {args.worker} --workers {args.workers}: pass 0 <= --worker < --workers")
     torch.manual_seed(args.seed)
     model, tokenizer = load_target(args.model)
     model.eval().requires_grad_(False)
     layers = tuple(load_drafter(args.drafter).hidden_layers)
     spec = FeatureSpec(args.model, layers, top_k=args.top_k, shard_size=args.shard_size)
     out = Path(args.out)
+    if args.data == "target" and args.worker > 0 and not (out / "completions.jsonl").exists():
+        raise ValueError(
+            f"worker {args.worker}: {out / 'completions.jsonl'} does not exist yet; worker 0 regenerates it (with "
+            "the same flags), start the other workers once it is written"
+        )
     sequences = training_sequences(args, model, tokenizer, out)
-    store = compute_features(model, sequences, out, spec)
+    store = compute_features(model, sequences, out, spec, worker=args.worker, workers=args.workers)
+    if store is None:
+        return
     summary = {**store.meta, "tokens": sum(len(seq.ids) for seq in sequences)}
     _atomic(out / SUMMARY, lambda tmp: Path(tmp).write_text(json.dumps(summary, indent=2)))
     print(f"features of {len(store)} sequences (target layers {list(layers)}, top {spec.top_k}) in {out}")
