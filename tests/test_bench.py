@@ -134,13 +134,14 @@ def test_a_retrained_checkpoint_reruns_every_prompt(tmp_path: Path) -> None:
     rewrite(adapter, "weights v1")
     rewrite(drafter / "model.safetensors", "drafter v1")
     cell = make_cell(tmp_path / "cell", method="weaver", drafter=str(drafter), adapter=str(adapter))
-    run_prompts(cell, PROMPTS, fake_stats)
+    run_prompts(cell, PROMPTS[:-1], fake_stats)  # interrupted before the last prompt
     rerun: list[list[int]] = []
     run_prompts(cell, PROMPTS, lambda ids: rerun.append(ids) or fake_stats(ids))
-    assert rerun == [], "unchanged checkpoints: every record is reused"
+    assert rerun == [PROMPTS[-1][1]], "unchanged checkpoints: every record is reused"
+    rerun.clear()
     rewrite(adapter, "weights v2")
-    run_prompts(cell, PROMPTS, lambda ids: rerun.append(ids) or fake_stats(ids))
-    assert rerun == [ids for _, ids in PROMPTS], "a retrained adapter must rerun every prompt"
+    run_prompts(cell, PROMPTS[:-1], lambda ids: rerun.append(ids) or fake_stats(ids))
+    assert rerun == [ids for _, ids in PROMPTS[:-1]], "a retrained adapter must rerun every prompt"
     rerun.clear()
     rewrite(drafter / "model.safetensors", "drafter v2")
     run_prompts(cell, PROMPTS, lambda ids: rerun.append(ids) or fake_stats(ids))
@@ -161,13 +162,13 @@ def test_a_retrained_checkpoint_reruns_every_prompt(tmp_path: Path) -> None:
 )
 def test_settings_that_change_the_decode_rerun(tmp_path: Path, method: str, changes: dict, reruns: bool) -> None:
     cell = make_cell(tmp_path / "cell", method=method, adapter="a" if method == "weaver" else None)
-    run_prompts(cell, PROMPTS, fake_stats)
+    run_prompts(cell, PROMPTS[:-1], fake_stats)  # interrupted before the last prompt
     rerun: list[list[int]] = []
     run_prompts(replace(cell, **changes), PROMPTS, lambda ids: rerun.append(ids) or fake_stats(ids))
-    assert len(rerun) == (len(PROMPTS) if reruns else 0)
+    assert len(rerun) == (len(PROMPTS) if reruns else 1)
 
 
-def test_warmup_runs_once_untimed_and_only_when_a_prompt_is_left(tmp_path: Path) -> None:
+def test_warmup_runs_once_untimed_before_the_prompts_left(tmp_path: Path) -> None:
     cell = make_cell(tmp_path / "cell", warmup_tokens=3)
     calls: list[tuple[list[int], int | None]] = []
 
@@ -178,9 +179,11 @@ def test_warmup_runs_once_untimed_and_only_when_a_prompt_is_left(tmp_path: Path)
     run_prompts(cell, PROMPTS, run_one)
     assert calls[0] == (PROMPTS[0][1], 3) and [n for _, n in calls[1:]] == [None] * len(PROMPTS)
     assert len(read_records(tmp_path / "cell" / "records.jsonl")) == len(PROMPTS)  # the warm-up is not a record
+    path = tmp_path / "cell" / "records.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in read_records(path)[:2]))  # interrupted after two prompts
     calls.clear()
     run_prompts(cell, PROMPTS, run_one)
-    assert calls == [], "nothing left to run: no warm-up either"
+    assert calls == [(PROMPTS[2][1], 3)] + [(ids, None) for _, ids in PROMPTS[2:]]
 
 
 def test_corrupt_middle_line_is_an_error(tmp_path: Path) -> None:
@@ -276,11 +279,40 @@ def test_engine_records_from_before_the_device_key_resume_as_cpu(tmp_path: Path)
     cell = make_cell(tmp_path / "cell")
     run_prompts(cell, PROMPTS, fake_stats)
     path = tmp_path / "cell" / "records.jsonl"
-    old = [{k: v for k, v in r.items() if k != "device"} for r in read_records(path)]
+    old = [{k: v for k, v in r.items() if k != "device"} for r in read_records(path)][:-1]  # interrupted
     path.write_text("".join(json.dumps(r) + "\n" for r in old))
     (tmp_path / "cell" / "meta.json").unlink()
     rerun: list[list[int]] = []
     summary = run_prompts(cell, PROMPTS, lambda ids: rerun.append(ids) or fake_stats(ids))
-    assert rerun == [] and summary.n_resumed == len(PROMPTS)
+    assert rerun == [PROMPTS[-1][1]] and summary.n_resumed == len(PROMPTS) - 1
+    path.write_text("".join(json.dumps(r) + "\n" for r in read_records(path)[:-1]))
     on_gpu = run_prompts(replace(cell, device="cuda:0"), PROMPTS, fake_stats)
     assert on_gpu.n_resumed == 0  # a GPU run does not reuse CPU records
+
+
+def test_a_finished_cell_run_again_is_measured_again_and_its_records_kept_aside(tmp_path: Path) -> None:
+    """Snakemake deletes meta.json before rerunning a cell (an input changed, --forcerun, a fresh clone rebuilding the
+    committed results): complete records then mean a finished run, not an interrupted one, so nothing is resumed."""
+    cell = make_cell(tmp_path / "cell")
+    run_prompts(cell, PROMPTS, fake_stats)
+    path = tmp_path / "cell" / "records.jsonl"
+    first = path.read_text()
+    (tmp_path / "cell" / "meta.json").unlink()
+    rerun: list[list[int]] = []
+    summary = run_prompts(cell, PROMPTS, lambda ids: rerun.append(ids) or fake_stats(ids))
+    assert rerun == [ids for _, ids in PROMPTS] and summary.n_resumed == 0
+    assert len(read_records(path)) == len(PROMPTS)
+    (aside,) = (tmp_path / "cell").glob("records.replaced-*.jsonl")
+    assert aside.read_text() == first
+
+
+def test_records_of_another_configuration_are_kept_aside_not_lost(tmp_path: Path) -> None:
+    run_prompts(make_cell(tmp_path / "cell"), PROMPTS[:2], fake_stats)  # interrupted at budget 4
+    first = (tmp_path / "cell" / "records.jsonl").read_text()
+    summary = run_prompts(make_cell(tmp_path / "cell", budget=8), PROMPTS, fake_stats)
+    assert summary.n_resumed == 0
+    assert {r["budget"] for r in read_records(tmp_path / "cell" / "records.jsonl")} == {8}
+    (aside,) = (tmp_path / "cell").glob("records.replaced-*.jsonl")
+    assert aside.read_text() == first
+    run_prompts(make_cell(tmp_path / "cell", budget=16), PROMPTS[:1], fake_stats)  # same second: a free name
+    assert len(list((tmp_path / "cell").glob("records.replaced-*.jsonl"))) == 2

@@ -7,9 +7,12 @@ Each finished prompt is appended to DIR/records.jsonl as one JSON line and fsync
 accept lengths and times), so an interrupted run resumes by skipping the prompt ids already there; a torn last line
 is dropped. A record is reused only if it was made by the same configuration (CELL_KEYS) with the same checkpoints:
 every record carries the fingerprints of the local target / drafter / adapter files it ran with (checkpoint_id), so a
-retrained drafter or adapter reruns every prompt. DIR/meta.json is written last, atomically (temp file + fsync +
-rename), and is the cell's completion marker: Snakemake declares only meta.json as the output, so a partial
-records.jsonl is never taken as finished.
+retrained drafter or adapter reruns every prompt. Only an interrupted cell resumes: when every prompt already has a
+reusable record, the cell had finished and is being run again (Snakemake reruns it after an input changed or on
+--forcerun, a fresh clone rebuilding the committed results), so it is measured again from the first prompt. Earlier
+records that are not reused are not lost: the old file is renamed to records.replaced-<UTC time>.jsonl first.
+DIR/meta.json is written last, atomically (temp file + fsync + rename), and is the cell's completion marker:
+Snakemake declares only meta.json as the output, so a partial records.jsonl is never taken as finished.
 
 Before the timed prompts one untimed warm-up request (the first prompt, --warmup-tokens new tokens) pays for lazy
 initialisation and allocator growth, which otherwise slow the first record (measured: 10.5 vs 19 tok/s on the CPU).
@@ -137,7 +140,7 @@ class CellSummary:
     """What a finished cell reports in meta.json."""
 
     n_records: int
-    n_resumed: int  # records found from an earlier, interrupted run
+    n_resumed: int  # records reused from an earlier, interrupted run
     new_tokens: int
     steps: int
     wall_s: float
@@ -215,6 +218,17 @@ def write_atomic(path: Path, text: str) -> None:
     os.replace(tmp, path)
 
 
+def set_aside(path: Path) -> Path:
+    """Rename `path` (DIR/records.jsonl) to a free DIR/records.replaced-<UTC time>[-n].jsonl and return the new path."""
+    stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
+    for n in range(1000):
+        aside = path.with_name(f"{path.stem}.replaced-{stamp}{f'-{n}' if n else ''}{path.suffix}")
+        if not aside.exists():
+            os.replace(path, aside)
+            return aside
+    raise FileExistsError(f"{path}: 1000 records.replaced-{stamp}*.jsonl files already exist; remove old ones")
+
+
 def append_record(path: Path, record: dict[str, Any]) -> None:
     """Append one JSON line and fsync it, so a finished prompt survives a crash right after."""
     with open(path, "a") as f:
@@ -258,8 +272,10 @@ def run_prompts(
 ) -> CellSummary:
     """Run `run_one` (prompt ids -> GenerationStats dict) on every prompt not yet in records.jsonl, then meta.json.
 
-    Earlier records that belong to another configuration or checkpoint, or to prompts no longer asked for, are
-    dropped first, so the finished file holds exactly this cell's prompts. When a prompt is left to run and
+    Earlier records resume only an interrupted run: those of another configuration or checkpoint, or of prompts no
+    longer asked for, are not reused, and neither is a complete set (a finished cell run again is measured again).
+    Whenever earlier records are not all reused, the old file is first renamed (`set_aside`), so the finished file
+    holds exactly this cell's prompts and nothing is lost. When a prompt is left to run and
     `cell.warmup_tokens` > 0, `run_one(ids, max_new_tokens=cell.warmup_tokens)` runs once first, untimed and not
     recorded. `backend_info` (what the backend reports about itself, e.g. a server's identity) goes into meta.json.
     """
@@ -269,8 +285,14 @@ def run_prompts(
     identity = cell_identity(cell)
     meta.unlink(missing_ok=True)  # from here on the cell is unfinished
     wanted = {pid for pid, _ in prompts}
-    kept = [r for r in read_records(records_path) if r["prompt_id"] in wanted and _matches(r, identity)]
+    previous = read_records(records_path)
+    kept = [r for r in previous if r["prompt_id"] in wanted and _matches(r, identity)]
     kept = list({r["prompt_id"]: r for r in kept}.values())
+    if {r["prompt_id"] for r in kept} == wanted:
+        kept = []  # a finished cell run again: measure it again
+    if len(kept) < len(previous):
+        aside = set_aside(records_path)
+        print(f"{cell.out}: kept {len(previous)} earlier records as {aside.name}; {len(kept)} resumed", file=sys.stderr)
     write_atomic(records_path, "".join(json.dumps(r) + "\n" for r in kept))
     done = {r["prompt_id"] for r in kept}
     todo = [(i, pid, ids) for i, (pid, ids) in enumerate(prompts) if pid not in done]
