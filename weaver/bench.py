@@ -288,13 +288,13 @@ def run_prompts(
     previous = read_records(records_path)
     kept = [r for r in previous if r["prompt_id"] in wanted and _matches(r, identity)]
     kept = list({r["prompt_id"]: r for r in kept}.values())
-    if {r["prompt_id"] for r in kept} == wanted:
-        kept = []  # a finished cell run again: measure it again
+    done = {r["prompt_id"] for r in kept}
+    if done == wanted:
+        kept, done = [], set()  # a finished cell run again: measure it again
     if len(kept) < len(previous):
         aside = set_aside(records_path)
         print(f"{cell.out}: kept {len(previous)} earlier records as {aside.name}; {len(kept)} resumed", file=sys.stderr)
     write_atomic(records_path, "".join(json.dumps(r) + "\n" for r in kept))
-    done = {r["prompt_id"] for r in kept}
     todo = [(i, pid, ids) for i, (pid, ids) in enumerate(prompts) if pid not in done]
     if todo and cell.warmup_tokens:
         run_one(todo[0][2], max_new_tokens=cell.warmup_tokens)
