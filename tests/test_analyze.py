@@ -22,13 +22,15 @@ def write_cell(
     dataset: str = "d",
     wall_s: float | None = None,
     device: str | None = None,
+    expected: list[list[float]] | None = None,
 ) -> Path:
     """One finished cell (meta.json + records.jsonl) of two prompts, as weaver.bench writes them (device: the
-    engine's, left out as in records written before it was logged)."""
+    engine's, left out as in records written before it was logged; expected: each prompt's expected accept lengths,
+    left out as in records written before they were logged)."""
     cell = root / f"{dataset}-{method}-b{budget}{'-' + device if device else ''}"
     cell.mkdir(parents=True)
     records = []
-    for prompt in ("p0", "p1"):
+    for i, prompt in enumerate(("p0", "p1")):
         record = {
             "prompt_id": prompt,
             "model": "m",
@@ -50,6 +52,8 @@ def write_cell(
             record["tree_sizes"] = tree_sizes
         if device is not None:
             record["device"] = device
+        if expected is not None:
+            record["expected_accept_lengths"] = expected[i]
         records.append(json.dumps(record))
     (cell / "records.jsonl").write_text("\n".join(records) + "\n")
     (cell / "meta.json").write_text(json.dumps({"hardware": {"host": "h"}}))
@@ -120,6 +124,24 @@ def test_macro_speedup_is_macro_throughput_over_macro_ar(tmp_path: Path) -> None
     assert macro.loc["ddtree", "speedup"] == pytest.approx(macro_tree / macro_ar)
     mean_of_ratios = (tree["a"] / ar["a"] + tree["b"] / ar["b"]) / 2
     assert macro.loc["ddtree", "speedup"] != pytest.approx(mean_of_ratios)
+
+
+def test_tau_expected_replaces_each_step_by_its_expectation(tmp_path: Path) -> None:
+    """tau_expected = (new_tokens - sum(accept) + sum(expected)) / steps per request; NaN for a cell whose records
+    lack the expectations, so its mean never mixes the two estimates."""
+    metas = [
+        write_cell(tmp_path, "weaver", 16, [3, 1, 2], [16] * 3, expected=[[2.5, 1.5, 2.0], [3.0, 1.0, 1.25]]),
+        write_cell(tmp_path, "ddtree", 16, [2, 2, 1], [16] * 3),
+    ]
+    requests = load_requests(metas).set_index(["method", "prompt_id"])
+    assert requests.loc[("weaver", "p0"), "tau"] == 7 / 4
+    assert requests.loc[("weaver", "p0"), "tau_expected"] == pytest.approx(7 / 4)
+    assert requests.loc[("weaver", "p1"), "tau_expected"] == pytest.approx((7 - 6 + 5.25) / 4)
+    assert requests.loc[("ddtree", "p0"), "tau_expected"] != requests.loc[("ddtree", "p0"), "tau_expected"]  # NaN
+    cells = cell_table(reuse_budget_free(load_requests(metas), [])).set_index("method")
+    assert cells.loc["weaver", "tau_expected"] == pytest.approx((7 / 4 + 6.25 / 4) / 2)
+    assert pd.isna(cells.loc["ddtree", "tau_expected"])
+    assert pd.isna(macro_table(cells.reset_index()).set_index("method").loc["ddtree", "tau_expected"])
 
 
 def test_macro_speedup_needs_ar_on_every_dataset(tmp_path: Path) -> None:

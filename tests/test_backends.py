@@ -58,6 +58,9 @@ def test_server_records_equal_engine_records(tmp_path: Path, tiny_model, method:
     for a, b in zip(ours, theirs, strict=True):
         assert (a["new_tokens"], a["steps"], a["accept_lengths"]) == (b["new_tokens"], b["steps"], b["accept_lengths"])
         assert b["tau"] == pytest.approx(a["tau"]) and b["wall_s"] > 0
+        # the engine backend logs each step's expectation (temperature 0: the accept lengths); HTTP cannot
+        assert a["expected_accept_lengths"] == a["accept_lengths"] and a["tau_expected"] == pytest.approx(a["tau"])
+        assert b["expected_accept_lengths"] is None and b["tau_expected"] is None
     if method == "oracle":
         assert min(r["tau"] for r in theirs) > 2
 

@@ -181,6 +181,42 @@ def test_sampling_matches_target_distribution(targets, mode) -> None:
     assert scipy_stats.chisquare(observed, expected).pvalue > 1e-3
 
 
+@pytest.mark.parametrize("family", ["llama", "qwen3_next"])
+def test_expected_accept_lengths_are_the_accept_lengths_at_temperature_0(targets, family) -> None:
+    model = targets[family]
+    drafter, adapter = _drafter_and_adapter(model)
+    for method in ("oracle", "prompt_lookup", "ddtree", "weaver"):
+        stats = generate(
+            model, _prompt(), source=_source(method, model, drafter, adapter), budget=8, expected=True
+        ).stats
+        assert stats.expected_accept_lengths == [float(a) for a in stats.accept_lengths], method
+        assert stats.tau_expected == stats.tau
+    assert max(generate(model, _prompt(), source=make_source("oracle", model), budget=8).stats.accept_lengths) > 1
+    ar = generate(model, _prompt(), max_new_tokens=NEW, expected=True).stats
+    assert ar.expected_accept_lengths == [1.0] * len(ar.accept_lengths)
+    plain = generate(model, _prompt(), source=make_source("oracle", model), budget=8).stats
+    assert plain.expected_accept_lengths is None and plain.tau_expected is None  # off unless asked for
+
+
+def test_expected_accept_lengths_are_the_mean_of_the_sampled_ones(targets) -> None:
+    """Each step's accept length minus its expectation has mean zero given the steps before it, so over many seeds
+    the per-request sums of the differences average to zero (tau_expected then has tau's expectation)."""
+    model = targets["llama"]
+    noise, spread = [], []
+    for seed in range(120):
+        out = generate(
+            model, _prompt(seed=4, length=6), source=make_source("oracle", model), budget=4, max_new_tokens=8,
+            params=SamplingParams(temperature=0.2), seed=seed, expected=True,
+        )  # fmt: skip
+        stats = out.stats
+        noise.append(sum(stats.accept_lengths) - sum(stats.expected_accept_lengths))
+        spread.append(stats.tau - stats.tau_expected)
+    mean, sd = float(torch.tensor(noise).mean()), float(torch.tensor(noise).std())
+    assert sd > 0.3  # sampled accept lengths do differ from their expectations
+    assert abs(mean) < 4 * sd / len(noise) ** 0.5
+    assert max(map(abs, spread)) > 0.01
+
+
 def test_bad_inputs_get_clear_errors(targets) -> None:
     model = targets["llama"]
     with pytest.raises(ValueError, match="prompt is empty"):

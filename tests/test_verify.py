@@ -194,7 +194,8 @@ def test_expected_acceptance_is_the_optimum_for_a_fixed_tree(mode: str, tree: Tr
     lossless rule can do on a fixed tree. Also an acceptance floor: speculation that silently accepts nothing fails."""
     outcomes = enumerate_acceptance(tree, tree_logits(tree), params, mode)
     got = sum(p * (len(tokens) - 1) for tokens, p in outcomes.items())
-    assert got == pytest.approx(expected_accepted(tree, tree_logits(tree), params), abs=1e-12)
+    unfiltered = params.top_k == 0 and params.top_p == 1  # computed in float32 (expected_accepted's fast path)
+    assert got == pytest.approx(expected_accepted(tree, tree_logits(tree), params), abs=1e-6 if unfiltered else 1e-12)
     assert tree is not TREES["guided-binary"] or params is not SAMPLING["t1"] or got > 2.0
 
 
@@ -202,6 +203,25 @@ def test_expected_acceptance_is_the_optimum_for_a_fixed_tree(mode: str, tree: Tr
 def test_expected_acceptance_at_temperature_zero_is_the_greedy_length(tree: Tree) -> None:
     logits = tree_logits(tree)
     assert expected_accepted(tree, logits, SamplingParams()) == accept(tree, logits).num_accepted
+
+
+def test_expected_acceptance_fast_path_equals_the_float64_sum_at_vocabulary_size() -> None:
+    """Unfiltered sampling reads only the rows of nodes with children, in float32: it must give the float64 sum of
+    target_probs path products on a SmolLM2-sized vocabulary (a wrong row, token or temperature is far off)."""
+    g = torch.Generator().manual_seed(0)
+    vocab, parents = 49152, [-1] + [min(i - 1, int(torch.randint(0, 12, (), generator=g))) for i in range(1, 65)]
+    tokens = [ROOT] + [int(t) for t in torch.randperm(vocab, generator=g)[:64]]  # distinct, so siblings are too
+    tree = Tree.from_lists(tokens, parents)
+    logits = 3 * torch.randn(65, vocab, generator=g)
+    logits[torch.tensor(parents[1:]), torch.tensor(tokens[1:])] += 12  # drafts the target likes: paths of weight
+    for temperature in (0.6, 1.0):
+        params = SamplingParams(temperature=temperature)
+        probs = target_probs(logits, params)
+        reach = [1.0] * 65
+        for v in range(1, 65):
+            reach[v] = reach[parents[v]] * float(probs[parents[v], tokens[v]])
+        assert sum(reach[1:]) > 0.5
+        assert expected_accepted(tree, logits, params) == pytest.approx(sum(reach[1:]), rel=1e-5)
 
 
 def test_expected_acceptance_rejects_mismatched_logits() -> None:

@@ -224,6 +224,7 @@ def test_figures_rebuild_from_committed_logs_without_producing_jobs(tmp_path: Pa
     reachable = resampled_ratios(tmp_path, "weaver", "ddtree", 8)
     assert min(reachable) - 0.005 <= low <= 3.171 / 2.838 <= high <= max(reachable) + 0.005, (low, high)
     assert high - low > 0.01  # the fixture's prompts differ, so the resamples do
+    assert budget8[10:12] == [budget8[6], budget8[9]]  # temperature 0: tau_expected is tau, ratio and interval too
     steps = (figures / "step_time.md").read_text()
     rows = markdown_rows(steps)
     weaver8 = next(row for row in rows if row[1] == "Weaver tree" and row[2] == "8")

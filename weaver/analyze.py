@@ -2,9 +2,13 @@
 
 `python -m weaver.analyze --meta CELL/meta.json ... [--kernels kernel_table.csv] --out DIR` writes
   requests.csv          one row per prompt (tau = new_tokens / steps, step times summed); budget_run is the budget
-                        the prompt ran at, which differs from budget only for rows reused by --budget-free
-  cells.csv             one row per (model, dataset, method, budget, temperature): tau = mean over requests,
-                        throughput = sum new_tokens / sum wall time (prefill included), speedup over the AR cell
+                        the prompt ran at, which differs from budget only for rows reused by --budget-free;
+                        tau_expected is tau with each step's accept length replaced by its expectation given the
+                        step's tree (the engine's expected_accept_lengths): the same mean without the verifier's
+                        sampling noise, equal to tau at temperature 0, NaN where the records lack it
+  cells.csv             one row per (model, dataset, method, budget, temperature): tau and tau_expected = means
+                        over requests, throughput = sum new_tokens / sum wall time (prefill included), speedup
+                        over the AR cell
   macro.csv             cells averaged over datasets (macro), the paper's headline numbers; speedup = macro
                         throughput / macro AR throughput, NaN unless every dataset has its AR cell
   depth_acceptance.csv  per draft depth d: steps that reached d and steps that accepted the draft at d
@@ -50,6 +54,7 @@ def load_requests(meta_paths: Sequence[Path]) -> pd.DataFrame:
                     "new_tokens": r["new_tokens"],
                     "steps": r["steps"],
                     "tau": r["new_tokens"] / r["steps"],
+                    "tau_expected": _tau_expected(r),
                     "wall_s": r["wall_s"],
                     "ttft_s": r["ttft_s"],
                     "draft_s": sum(r["draft_s"]),
@@ -63,6 +68,16 @@ def load_requests(meta_paths: Sequence[Path]) -> pd.DataFrame:
     if not rows:
         raise ValueError("no benchmark records found: give --meta paths of finished cells (meta.json)")
     return pd.DataFrame(rows)
+
+
+def _tau_expected(record: dict) -> float:
+    """tau with each step's accept length replaced by its expectation (GenerationStats.tau_expected); NaN for
+    records without expected_accept_lengths (written before they were logged, or by a server that gives none)."""
+    expected = record.get("expected_accept_lengths")
+    if expected is None:
+        return float("nan")
+    noise = sum(record["accept_lengths"]) - sum(expected)
+    return (record["new_tokens"] - noise) / record["steps"]
 
 
 def _host(machine: str, device: str | None) -> str:
@@ -101,6 +116,7 @@ def cell_table(requests: pd.DataFrame) -> pd.DataFrame:
     cells = grouped.agg(
         n_requests=("prompt_id", "count"),
         tau=("tau", "mean"),
+        tau_expected=("tau_expected", lambda x: x.mean(skipna=False)),  # NaN unless every request has it
         new_tokens=("new_tokens", "sum"),
         wall_s=("wall_s", "sum"),
         draft_s=("draft_s", "sum"),
@@ -126,6 +142,7 @@ def macro_table(cells: pd.DataFrame) -> pd.DataFrame:
     macro = cells.groupby(keys, as_index=False).agg(
         n_datasets=("dataset", "nunique"),
         tau=("tau", "mean"),
+        tau_expected=("tau_expected", lambda x: x.mean(skipna=False)),
         throughput=("throughput", "mean"),
         ar_throughput=("ar_throughput", lambda x: x.mean(skipna=False)),
     )

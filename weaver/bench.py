@@ -239,7 +239,8 @@ def append_record(path: Path, record: dict[str, Any]) -> None:
 
 def make_record(key: dict[str, Any], prompt_id: str, stats: dict[str, Any]) -> dict[str, Any]:
     """One JSONL record (DESIGN.md "Engine stats and result records") from GenerationStats.to_dict() and the cell's
-    identity (`cell_identity`). tree_sizes is None where the backend cannot know them (an HTTP server)."""
+    identity (`cell_identity`). tree_sizes, expected_accept_lengths and tau_expected are None where the backend
+    cannot know them (an HTTP server)."""
     return {
         "prompt_id": prompt_id,
         **key,
@@ -248,6 +249,8 @@ def make_record(key: dict[str, Any], prompt_id: str, stats: dict[str, Any]) -> d
         "steps": stats["steps"],
         "tau": stats["tau"],
         "accept_lengths": stats["accept_lengths"],
+        "expected_accept_lengths": stats.get("expected_accept_lengths"),
+        "tau_expected": stats.get("tau_expected"),
         "tree_sizes": stats.get("tree_sizes"),
         "ttft_s": stats["ttft_s"],
         "wall_s": stats["wall_s"],

@@ -115,12 +115,26 @@ def expected_accepted(tree: Tree, logits: torch.Tensor, params: SamplingParams) 
     if tree.num_nodes == 1:
         return 0.0
     parents = tree.parents[1:].long()
-    # p_target(token_v | path to parent(v)) for every drafted node v, then products down the tree (parent[v] < v)
-    step = target_probs(logits, params)[parents, tree.tokens[1:].long()].tolist()
+    # p_target(token_v | path to parent(v)) for every drafted node v, from the rows of nodes that have children only
+    # (a leaf's row is never needed), then products down the tree (parent[v] < v)
+    rows, row_of = torch.unique(parents, return_inverse=True)
+    step = _token_probs(logits[rows], row_of, tree.tokens[1:].long(), params).tolist()
     reach = [1.0] * tree.num_nodes
     for v, (parent, p) in enumerate(zip(parents.tolist(), step, strict=True), start=1):
         reach[v] = reach[parent] * p
     return float(sum(reach[1:]))
+
+
+def _token_probs(logits: torch.Tensor, row: torch.Tensor, token: torch.Tensor, params: SamplingParams) -> torch.Tensor:
+    """p_target(token[i] | logits[row[i]]) [M] under `params`, from logits [R, V].
+
+    Unfiltered sampling (the benchmarks' temperature 1) takes a float32 log-softmax of the R rows: the float64
+    target_probs costs ten times as much, which the engine would pay every step (its float32 rounding, ~1e-7
+    relative, is far below any use of an expectation). Greedy and top-k / top-p go through target_probs."""
+    if params.greedy or params.top_k > 0 or params.top_p < 1:
+        return target_probs(logits, params)[row, token]
+    x = logits.float() / params.temperature
+    return (x[row, token] - torch.logsumexp(x, dim=-1)[row]).exp()
 
 
 def _check_verified(tree: Tree, logits: torch.Tensor) -> None:

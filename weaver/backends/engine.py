@@ -131,8 +131,10 @@ class Engine:
         top_p: float = 1.0,
         seed: int = 0,
         ignore_eos: bool = False,
+        expected: bool = False,
     ) -> Any:
-        """Decode one request; returns weaver.generate.GenerationResult. Bad sampling values raise ValueError."""
+        """Decode one request; returns weaver.generate.GenerationResult (`expected`: log each step's expected accept
+        length, see weaver.generate.generate). Bad sampling values raise ValueError."""
         from weaver.generate import generate
         from weaver.sources import make_source
         from weaver.verify import SamplingParams
@@ -149,6 +151,7 @@ class Engine:
             mode=self.config.mode,
             eos_ids=() if ignore_eos else self.eos_ids,
             seed=seed,
+            expected=expected,
         )
 
 
@@ -169,5 +172,7 @@ class EngineBackend:
     def run(self, prompt_ids: list[int], max_new_tokens: int | None = None) -> dict[str, Any]:
         """One prompt; `max_new_tokens` overrides the cell's (the bench's warm-up)."""
         new = self.max_new_tokens if max_new_tokens is None else max_new_tokens
-        result = self.engine.generate(prompt_ids, max_new_tokens=new, temperature=self.temperature, seed=self.seed)
+        result = self.engine.generate(
+            prompt_ids, max_new_tokens=new, temperature=self.temperature, seed=self.seed, expected=True
+        )
         return result.stats.to_dict()

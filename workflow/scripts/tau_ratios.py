@@ -7,6 +7,10 @@ draws every dataset's prompts with replacement (the same prompts for both builde
 means is recomputed; 2000 resamples, seeded. It measures how much the ratio depends on which prompts were drawn (at
 temperature 1 each prompt's own sampled continuation included), not the spread over reruns of the same prompts.
 
+Where the records carry each step's expected accept length (weaver.analyze's tau_expected: tau without the
+verifier's sampling noise), the same ratio and interval follow on tau_expected. At temperature 0 they equal the
+columns on tau; at temperature 1 they are the sharper estimate of the same quantity.
+
 Inputs: results/{run}/tidy/macro.csv and requests.csv. Outputs: figures/{run}/tau_ratios.{md,tex}. A ratio column
 appears only where both of its methods were benchmarked.
 """
@@ -26,17 +30,20 @@ SHORT = {"chain": "chain", "ddtree": "DDTree", "weaver": "Weaver"}  # ratio colu
 
 RESAMPLES = 2000
 CI_COLUMN = "Weaver / DDTree, 95% CI"
+EXPECTED_COLUMN = "Weaver / DDTree, expected"
+EXPECTED_CI_COLUMN = "expected, 95% CI"
 
 
-def paired_taus(requests: pd.DataFrame, num: str, den: str) -> dict[tuple, list[np.ndarray]]:
-    """(model, temperature, budget) -> per dataset, an array [prompts, 2] of (num, den) tau on the prompts both ran."""
+def paired_taus(requests: pd.DataFrame, num: str, den: str, value: str = "tau") -> dict[tuple, list[np.ndarray]]:
+    """(model, temperature, budget) -> per dataset, an array [prompts, 2] of the (num, den) `value` column on the
+    prompts both ran."""
     keys = ["model", "temperature", "budget", "dataset", "prompt_id"]
-    pair = requests[requests["method"] == num][[*keys, "tau"]].merge(
-        requests[requests["method"] == den][[*keys, "tau"]], on=keys, suffixes=("_num", "_den")
+    pair = requests[requests["method"] == num][[*keys, value]].merge(
+        requests[requests["method"] == den][[*keys, value]], on=keys, suffixes=("_num", "_den")
     )
     out: dict[tuple, list[np.ndarray]] = {}
     for (model, temperature, budget, _), rows in pair.groupby(keys[:4], sort=True):
-        out.setdefault((model, temperature, budget), []).append(rows[["tau_num", "tau_den"]].to_numpy(float))
+        out.setdefault((model, temperature, budget), []).append(rows[[f"{value}_num", f"{value}_den"]].to_numpy(float))
     return out
 
 
@@ -53,6 +60,17 @@ def bootstrap_interval(datasets: list[np.ndarray], resamples: int = RESAMPLES, s
     return float(low), float(high)
 
 
+def intervals(wide: pd.DataFrame, pairs: dict[tuple, list[np.ndarray]]) -> list[str]:
+    """The bootstrap interval of each (model, temperature, budget) row of `wide` as text ("" where a row has no
+    pairs, or a pair lacks the value)."""
+    out = []
+    for key in wide[["model", "temperature", "budget"]].itertuples(index=False):
+        datasets = pairs.get(tuple(key))
+        ok = datasets is not None and all(np.isfinite(d).all() for d in datasets)
+        out.append("[{:.2f}, {:.2f}]".format(*bootstrap_interval(datasets)) if ok else "")
+    return out
+
+
 def ratio_table(macro: pd.DataFrame, requests: pd.DataFrame) -> pd.DataFrame:
     """One row per (model, temperature, budget): tau of each builder present, the ratios between them and, from the
     per-prompt requests, the paired-bootstrap interval of Weaver / DDTree."""
@@ -63,9 +81,19 @@ def ratio_table(macro: pd.DataFrame, requests: pd.DataFrame) -> pd.DataFrame:
         if num in present and den in present:
             wide[f"{SHORT[num]} / {SHORT[den]}"] = wide[num] / wide[den]
     if {"weaver", "ddtree"} <= set(present):
-        pairs = paired_taus(requests, "weaver", "ddtree")
-        intervals = [pairs.get(tuple(key)) for key in wide[["model", "temperature", "budget"]].itertuples(index=False)]
-        wide[CI_COLUMN] = ["" if p is None else "[{:.2f}, {:.2f}]".format(*bootstrap_interval(p)) for p in intervals]
+        wide[CI_COLUMN] = intervals(wide, paired_taus(requests, "weaver", "ddtree"))
+        if trees["tau_expected"].notna().any():
+            expected = trees.pivot_table(
+                index=["model", "temperature", "budget"], columns="method", values="tau_expected", dropna=False
+            ).reset_index()
+            wide = wide.merge(
+                expected.assign(**{EXPECTED_COLUMN: expected["weaver"] / expected["ddtree"]})[
+                    ["model", "temperature", "budget", EXPECTED_COLUMN]
+                ],
+                on=["model", "temperature", "budget"],
+                how="left",
+            )
+            wide[EXPECTED_CI_COLUMN] = intervals(wide, paired_taus(requests, "weaver", "ddtree", "tau_expected"))
     wide = wide.rename(columns={m: plot_style.METHOD_LABELS[m] for m in present})
     wide.columns.name = None
     return wide.sort_values(["model", "temperature", "budget"])
@@ -73,7 +101,7 @@ def ratio_table(macro: pd.DataFrame, requests: pd.DataFrame) -> pd.DataFrame:
 
 def main(smk) -> None:
     macro = pd.read_csv(smk.input.macro)
-    columns = ["model", "dataset", "method", "budget", "temperature", "prompt_id", "tau"]
+    columns = ["model", "dataset", "method", "budget", "temperature", "prompt_id", "tau", "tau_expected"]
     requests = pd.read_csv(smk.input.requests, usecols=columns)
     caption = (
         "Macro tau of the tree builders at equal budget and the ratios between them; Weaver / DDTree with a 95%"
