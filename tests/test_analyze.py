@@ -127,19 +127,19 @@ def test_macro_speedup_is_macro_throughput_over_macro_ar(tmp_path: Path) -> None
 
 
 def test_tau_expected_replaces_each_step_by_its_expectation(tmp_path: Path) -> None:
-    """tau_expected = (new_tokens - sum(accept) + sum(expected)) / steps per request; NaN for a cell whose records
-    lack the expectations, so its mean never mixes the two estimates."""
+    """tau_expected = (new_tokens - sum over all steps but the last of (accept - expected)) / steps per request; NaN
+    for a cell whose records lack the expectations, so its mean never mixes the two estimates."""
     metas = [
-        write_cell(tmp_path, "weaver", 16, [3, 1, 2], [16] * 3, expected=[[2.5, 1.5, 2.0], [3.0, 1.0, 1.25]]),
+        write_cell(tmp_path, "weaver", 16, [3, 1, 2], [16] * 3, expected=[[2.5, 1.5, 2.0], [2.0, 1.5, 1.25]]),
         write_cell(tmp_path, "ddtree", 16, [2, 2, 1], [16] * 3),
     ]
     requests = load_requests(metas).set_index(["method", "prompt_id"])
     assert requests.loc[("weaver", "p0"), "tau"] == 7 / 4
     assert requests.loc[("weaver", "p0"), "tau_expected"] == pytest.approx(7 / 4)
-    assert requests.loc[("weaver", "p1"), "tau_expected"] == pytest.approx((7 - 6 + 5.25) / 4)
+    assert requests.loc[("weaver", "p1"), "tau_expected"] == pytest.approx((7 - 4 + 3.5) / 4)  # last: realized
     assert requests.loc[("ddtree", "p0"), "tau_expected"] != requests.loc[("ddtree", "p0"), "tau_expected"]  # NaN
     cells = cell_table(reuse_budget_free(load_requests(metas), [])).set_index("method")
-    assert cells.loc["weaver", "tau_expected"] == pytest.approx((7 / 4 + 6.25 / 4) / 2)
+    assert cells.loc["weaver", "tau_expected"] == pytest.approx((7 / 4 + 6.5 / 4) / 2)
     assert pd.isna(cells.loc["ddtree", "tau_expected"])
     assert pd.isna(macro_table(cells.reset_index()).set_index("method").loc["ddtree", "tau_expected"])
 

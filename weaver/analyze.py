@@ -3,9 +3,10 @@
 `python -m weaver.analyze --meta CELL/meta.json ... [--kernels kernel_table.csv] --out DIR` writes
   requests.csv          one row per prompt (tau = new_tokens / steps, step times summed); budget_run is the budget
                         the prompt ran at, which differs from budget only for rows reused by --budget-free;
-                        tau_expected is tau with each step's accept length replaced by its expectation given the
-                        step's tree (the engine's expected_accept_lengths): the same mean without the verifier's
-                        sampling noise, equal to tau at temperature 0, NaN where the records lack it
+                        tau_expected is tau with each step's accept length but the last (cut by EOS or
+                        max_new_tokens) replaced by its expectation given the step's tree (the engine's
+                        expected_accept_lengths): tau with less of the verifier's sampling noise, equal to tau at
+                        temperature 0, NaN where the records lack it
   cells.csv             one row per (model, dataset, method, budget, temperature): tau and tau_expected = means
                         over requests, throughput = sum new_tokens / sum wall time (prefill included), speedup
                         over the AR cell
@@ -71,12 +72,13 @@ def load_requests(meta_paths: Sequence[Path]) -> pd.DataFrame:
 
 
 def _tau_expected(record: dict) -> float:
-    """tau with each step's accept length replaced by its expectation (GenerationStats.tau_expected); NaN for
-    records without expected_accept_lengths (written before they were logged, or by a server that gives none)."""
+    """tau with each step's accept length but the last one replaced by its expectation
+    (GenerationStats.tau_expected); NaN for records without expected_accept_lengths (written before they were
+    logged, or by an HTTP backend)."""
     expected = record.get("expected_accept_lengths")
     if expected is None:
         return float("nan")
-    noise = sum(record["accept_lengths"]) - sum(expected)
+    noise = sum(record["accept_lengths"][:-1]) - sum(expected[:-1])
     return (record["new_tokens"] - noise) / record["steps"]
 
 

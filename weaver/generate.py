@@ -40,7 +40,8 @@ class GenerationStats:
     wall_s: float  # including prefill
     hit_eos: bool = False
     # with generate(expected=True), per step: the expected accept length given that step's tree and context, 1 + the
-    # sum of the target's path probabilities over the drafted nodes (exact, from the verify logits; AR steps 1)
+    # sum of the target's path probabilities over the drafted nodes (exact, from the verify logits; AR steps 1; not
+    # cut at EOS or max_new_tokens, like accept_lengths)
     expected_accept_lengths: list[float] | None = None
 
     @property
@@ -50,15 +51,17 @@ class GenerationStats:
 
     @property
     def tau_expected(self) -> float | None:
-        """tau with every step's accept length replaced by its expectation (None without expected_accept_lengths).
+        """tau with each step's accept length replaced by its expectation, but the last step's (None without
+        expected_accept_lengths).
 
-        Each step's accept length minus its expectation has mean zero given the steps before it, so this has the
-        expectation of tau without the verifier's sampling noise: at temperature > 0 it compares two methods on a
-        few prompts far more precisely than tau. Equal to tau at temperature 0.
+        A step's accept length minus its expectation has mean zero given the steps before it, so this estimates
+        what tau does without most of the verifier's sampling noise: at temperature > 0 it compares two methods
+        on a few prompts more precisely than tau. The last step keeps its realized tokens, as EOS or max_new_tokens
+        may have cut them (its expectation counts tokens past the cut). Equal to tau at temperature 0.
         """
         if self.expected_accept_lengths is None:
             return None
-        noise = sum(self.accept_lengths) - sum(self.expected_accept_lengths)
+        noise = sum(self.accept_lengths[:-1]) - sum(self.expected_accept_lengths[:-1])
         return (self.new_tokens - noise) / max(self.steps, 1)
 
     @property

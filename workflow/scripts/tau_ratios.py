@@ -7,9 +7,9 @@ draws every dataset's prompts with replacement (the same prompts for both builde
 means is recomputed; 2000 resamples, seeded. It measures how much the ratio depends on which prompts were drawn (at
 temperature 1 each prompt's own sampled continuation included), not the spread over reruns of the same prompts.
 
-Where the records carry each step's expected accept length (weaver.analyze's tau_expected: tau without the
-verifier's sampling noise), the same ratio and interval follow on tau_expected. At temperature 0 they equal the
-columns on tau; at temperature 1 they are the sharper estimate of the same quantity.
+Where the records carry each step's expected accept length (weaver.analyze's tau_expected: tau with most of the
+verifier's sampling noise taken out), the same ratio and interval follow on tau_expected. At temperature 0 they
+equal the columns on tau; at temperature 1 they are the sharper estimate.
 
 Inputs: results/{run}/tidy/macro.csv and requests.csv. Outputs: figures/{run}/tau_ratios.{md,tex}. A ratio column
 appears only where both of its methods were benchmarked.
