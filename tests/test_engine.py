@@ -282,10 +282,13 @@ def test_smollm2_greedy_speculation_and_cli() -> None:
         assert out.stats.tau > 1.5, f"{method} accepted nothing: speculation silently disabled?"
     cli = subprocess.run(
         [sys.executable, "-m", "weaver.generate", "--prompt", "Repeat after me: the cat sat on the mat, the cat "
-         "sat on the mat.", "--method", "prompt_lookup", "--budget", "8", "--max-new-tokens", "20", "--json"],
+         "sat on the mat.", "--method", "prompt_lookup", "--budget", "8", "--max-new-tokens", "20", "--expected", "--json"],
         capture_output=True, text=True, check=True, timeout=300,
     )  # fmt: skip
     record = json.loads(cli.stdout)
     eos = tokenizer.eos_token_id  # the CLI stops at EOS; generate() above was given no EOS
     assert record["output_ids"] == (reference[: reference.index(eos) + 1] if eos in reference else reference)
     assert record["stats"]["tau"] > 1.5 and record["text"]
+    stats = record["stats"]  # greedy: each step's expected accept length is its realized one
+    assert stats["expected_accept_lengths"] == [float(a) for a in stats["accept_lengths"]]
+    assert stats["tau_expected"] == pytest.approx(stats["tau"])

@@ -234,6 +234,12 @@ def _parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     p.add_argument(
         "--device", default="cpu", help="where the target, drafter and adapter run: cpu, cuda or cuda:N (default cpu)"
     )
+    p.add_argument(
+        "--expected",
+        action="store_true",
+        help="also log each step's expected accept length and tau_expected (tau without the verifier's sampling "
+        "noise; computed from the verify logits, untimed)",
+    )
     p.add_argument("--json", action="store_true", help="print one JSON object with output_ids, text and stats")
     return p.parse_args(argv)
 
@@ -272,6 +278,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         mode=args.mode,
         eos_ids=[tokenizer.eos_token_id] if tokenizer.eos_token_id is not None else [],
         seed=args.seed,
+        expected=args.expected,
     )
     text = tokenizer.decode(result.output_ids, skip_special_tokens=True)
     stats = result.stats.to_dict()
