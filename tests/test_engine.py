@@ -282,7 +282,8 @@ def test_smollm2_greedy_speculation_and_cli() -> None:
         assert out.stats.tau > 1.5, f"{method} accepted nothing: speculation silently disabled?"
     cli = subprocess.run(
         [sys.executable, "-m", "weaver.generate", "--prompt", "Repeat after me: the cat sat on the mat, the cat "
-         "sat on the mat.", "--method", "prompt_lookup", "--budget", "8", "--max-new-tokens", "20", "--expected", "--json"],
+         "sat on the mat.", "--method", "prompt_lookup", "--budget", "8", "--max-new-tokens", "20", "--expected",
+         "--json"],
         capture_output=True, text=True, check=True, timeout=300,
     )  # fmt: skip
     record = json.loads(cli.stdout)
