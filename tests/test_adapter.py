@@ -8,7 +8,7 @@ import random
 import pytest
 import torch
 
-from weaver.adapter import BiasRMSNorm, CandidatePools, Weaver, WeaverConfig, candidate_pools, pool_logprobs
+from weaver.adapter import BiasRMSNorm, CandidatePools, Weaver, WeaverConfig, candidate_pools
 from weaver.drafter import Drafter, DrafterConfig
 from weaver.training.adapter import (
     OPTIMIZERS,
@@ -480,95 +480,3 @@ def test_cli_refuses_to_overwrite_a_foreign_adapter(tmp_path) -> None:
     argv = ["adapter", "--model", "no-such-model", "--drafter", str(tmp_path), "--out", str(tmp_path)]
     with pytest.raises(ValueError, match="adapter.pt but no train_state.pt"):
         main(argv)
-
-
-# ---------------------------------------------------------------- the pool-tail outcome (--pool-tail)
-
-
-def test_pool_tail_is_the_drafter_mass_outside_the_pool() -> None:
-    logits = 3 * torch.randn(2, 4, 60, generator=torch.Generator().manual_seed(5))
-    pools = candidate_pools(logits, 9)
-    outside = logits.scatter(-1, pools.ids, float("-inf"))
-    torch.testing.assert_close(pools.tail, torch.logsumexp(outside, -1), rtol=1e-5, atol=1e-4)
-    # a zero residual under the tail scores every pool token with its full-vocabulary marginal log-prob
-    full = torch.log_softmax(logits, -1).gather(-1, pools.ids)
-    torch.testing.assert_close(pool_logprobs(pools.scores, pools.tail), full, rtol=1e-5, atol=1e-4)
-    # without the tail the pool is renormalised: every child gains log 1 / p(pool)
-    assert (pool_logprobs(pools.scores) > full + 1e-3).all()
-    assert (candidate_pools(torch.randn(3, 7), 8).tail == float("-inf")).all()  # the pool is the whole vocabulary
-
-
-def test_lk_loss_with_the_pool_tail_matches_the_mass_outside_the_pool() -> None:
-    pool_ids = torch.tensor([[3, 7, 9, -1]])
-    target_ids, target_lp = torch.tensor([[3, 7, 9, 20]]), torch.tensor([[0.25, 0.15, 0.1, 0.5]]).log()
-    logits = torch.tensor([[0.25, 0.15, 0.1, 1.0]]).log()
-    logits[0, -1] = float("-inf")
-    loss, parts = lk_loss(logits, pool_ids, target_ids, target_lp, 0.5, tail=torch.tensor([0.5]).log())
-    assert loss.item() == pytest.approx(0.0, abs=1e-6)  # q over the pool and its tail is the target's exactly
-    assert parts["acceptance"].item() == pytest.approx(0.5, abs=1e-6)
-    # the pool-normalised q of the same logits (the paper's) overstates every pool token by 1 / p(pool) = 2
-    loss, parts = lk_loss(logits, pool_ids, target_ids, target_lp, 0.5, tail=torch.tensor([float("-inf")]))
-    assert parts["tv"].item() == pytest.approx(0.5, abs=1e-6)  # q puts 1 on the pool, the target 0.5
-    assert parts["kl"].item() > 1.0  # the target's outside mass has q = 0, clamped
-    # without the tail the same q is a perfect pool-normalised fit
-    assert lk_loss(logits, pool_ids, target_ids, target_lp, 0.5)[1]["kl"].item() == pytest.approx(0.0, abs=1e-6)
-
-
-def test_pool_tail_training_reduces_the_loss_and_is_recorded(tmp_path) -> None:
-    drafter = tiny_drafter()
-    embed, lm_head = torch.randn(TRAIN_V, TRAIN_D), torch.randn(TRAIN_V, TRAIN_D)
-    batch = make_batch(drafter, fake_example(16, seed=2), [3, 6, 9, 12], embed, lm_head, pool_size=12)
-    torch.testing.assert_close(
-        batch.tail_scores,
-        candidate_pools(draft_at_anchors(drafter, fake_example(16, seed=2), [3, 6, 9, 12], embed, lm_head)[0], 12).tail,
-    )
-    torch.manual_seed(0)
-    weaver = new_adapter(TRAIN_D, TRAIN_D, 32, 1, 4, 48, pool_size=12, pool_tail=True)
-    optimizers = make_optimizers(weaver, TrainConfig(lr=3e-3, pool_tail=True))
-    losses = []
-    for _ in range(40):
-        loss, stats = adapter_loss(weaver, batch, embed, lm_head, kl_weight=0.5)
-        for optimizer in optimizers:
-            optimizer.zero_grad()
-        loss.backward()
-        for optimizer in optimizers:
-            optimizer.step()
-        losses.append(stats.loss)
-    assert losses[-1] < 0.7 * losses[0]
-    plain = new_adapter(TRAIN_D, TRAIN_D, 32, 1, 4, 48, pool_size=12)
-    plain.load_state_dict(weaver.state_dict())
-    assert adapter_loss(plain, batch, embed, lm_head, 0.5)[0].item() != pytest.approx(losses[-1], rel=1e-3)
-    weaver.save(tmp_path / "tail.pt")
-    assert torch.load(tmp_path / "tail.pt", weights_only=True)["pool_tail"] is True
-    assert (
-        Weaver.load(tmp_path / "tail.pt").pool_tail and Weaver.load(tmp_path / "tail.pt").bind(embed, lm_head).pool_tail
-    )
-    plain.save(tmp_path / "plain.pt")
-    assert sorted(torch.load(tmp_path / "plain.pt", weights_only=True)) == ["config", "state_dict"]  # authors' format
-    assert not Weaver.load(tmp_path / "plain.pt").pool_tail
-    payload = torch.load(tmp_path / "tail.pt", weights_only=True) | {"pool_tail": 1}
-    torch.save(payload, tmp_path / "bad.pt")
-    with pytest.raises(ValueError, match="'pool_tail' must be true or false"):
-        Weaver.load(tmp_path / "bad.pt")
-
-
-def test_a_state_from_before_pool_tail_resumes_only_without_it(tmp_path) -> None:
-    drafter = tiny_drafter()
-    embed, lm_head = torch.randn(TRAIN_V, TRAIN_D), torch.randn(TRAIN_V, TRAIN_D)
-    store = FakeStore([fake_example(14, seed=s) for s in range(3)])
-    cfg = TrainConfig(steps=2, seqs_per_step=2, anchors_per_seq=2, warmup=1, pool_size=10)
-
-    def adapter(pool_tail: bool = False) -> Weaver:
-        return new_adapter(TRAIN_D, TRAIN_D, 16, 1, 2, 24, pool_size=10, pool_tail=pool_tail)
-
-    train(adapter(), drafter, store, embed, lm_head, cfg, tmp_path, log=lambda _: None)
-    state = torch.load(tmp_path / "train_state.pt", weights_only=True)
-    del state["train_config"]["pool_tail"]  # what a state written before the flag existed holds
-    torch.save(state, tmp_path / "train_state.pt")
-    longer = TrainConfig(**{**cfg.__dict__, "steps": 3})
-    messages: list[str] = []
-    assert len(train(adapter(), drafter, store, embed, lm_head, longer, tmp_path, log=messages.append)) == 1
-    assert "resuming at step 2" in messages[0]
-    with pytest.raises(ValueError, match="pool_tail: False -> True"):
-        tail = TrainConfig(**{**longer.__dict__, "pool_tail": True})
-        train(adapter(True), drafter, store, embed, lm_head, tail, tmp_path, log=lambda _: None)

@@ -234,25 +234,3 @@ def test_weaver_never_forms_a_vocab_sized_tensor(method: str, adapter) -> None:
     with ShapeRecorder() as recorder:
         build_tree("ddtree", block, 1, budget=8)
     assert any(V in s for _, s in recorder.shapes)  # the recorder does see full-vocabulary work
-
-
-def test_zero_residual_pool_tail_weaver_is_ddtree() -> None:
-    """With no residual, pool-tail scores are the drafter's full-vocabulary marginal log-probs (`pool_logprobs`), so
-    best-first over them (width 1, pools and fan-out wide enough) pops DDTree's nodes in DDTree's order; the paper's
-    pool-normalised scores favour depth over width and build another tree."""
-    config = WeaverConfig(
-        d_model=D_MODEL, d_embed=D_MODEL, d_rank=32, num_layers=1, num_heads=4, mlp_dim=40, K=16, candidate_pool_size=40
-    )
-    trees = {}
-    for pool_tail in (False, True):
-        weaver = Weaver(config, pool_tail=pool_tail)
-        with torch.no_grad():
-            weaver.lm_head_query_in.weight.zero_()
-        bound = weaver.bind(torch.randn(V, D_MODEL), torch.randn(V, D_MODEL), children=40)
-        trees[pool_tail] = build_tree("weaver", random_block(11, scale=1.5), 3, budget=30, adapter=bound, width=1)
-    ddtree = build_tree("ddtree", random_block(11, scale=1.5), 3, budget=30)
-    assert trees[True].tokens.tolist() == ddtree.tokens.tolist()
-    assert trees[True].parents.tolist() == ddtree.parents.tolist()
-    torch.testing.assert_close(trees[True].draft_logprobs, ddtree.draft_logprobs, rtol=1e-4, atol=1e-4)
-    assert trees[False].parents.tolist() != ddtree.parents.tolist()
-    assert trees[False].depths.sum() > ddtree.depths.sum()

@@ -214,46 +214,21 @@ class CandidatePools:
     """Top-K candidate pools of the drafter's marginals, one per depth d = 1..D.
 
     ids: [..., D, K] int64 token ids (-1 = padding); scores: [..., D, K] raw drafter logits s_d(c) (-inf at padding).
-    tail: [..., D] logsumexp of the raw drafter logits of the tokens outside the pool (-inf when the pool holds the
-    whole vocabulary), the logit of the pool-tail outcome (see `pool_logprobs`); None where it was not computed.
     """
 
     ids: torch.Tensor
     scores: torch.Tensor
-    tail: torch.Tensor | None = None
 
 
 def candidate_pools(logits: torch.Tensor, pool_size: int) -> CandidatePools:
     """Top-K pools of raw drafter logits [..., D, V]; pools narrower than pool_size are padded with id -1 / -inf."""
-    logits = logits.float()
     k = min(pool_size, logits.shape[-1])
-    scores, ids = logits.topk(k, dim=-1)
-    total, inside = torch.logsumexp(logits, dim=-1), torch.logsumexp(scores, dim=-1)
-    # log(sum outside) = total + log(1 - exp(inside - total)), without a second [..., V] tensor; float32 rounding only
-    # blurs tails below ~1e-6 of the mass, and a pool holding the whole vocabulary has none
-    tail = total + torch.log(-torch.expm1((inside - total).clamp(max=0.0)))
-    if k == logits.shape[-1]:
-        tail = torch.full_like(total, float("-inf"))
+    scores, ids = logits.float().topk(k, dim=-1)
     if k < pool_size:
         pad = pool_size - k
         scores = F.pad(scores, (0, pad), value=float("-inf"))
         ids = F.pad(ids, (0, pad), value=-1)
-    return CandidatePools(ids=ids, scores=scores, tail=tail)
-
-
-def pool_logprobs(logits: torch.Tensor, tail: torch.Tensor | None = None) -> torch.Tensor:
-    """Local log-probs [..., K] of pool logits [..., K] (-inf at padding).
-
-    Without `tail` they are normalised over the pool (the paper's scoring). With tail [...] (an adapter trained with
-    --pool-tail) the pool competes with one more outcome, "the target's token is outside the pool", whose logit is
-    the drafter's log-mass outside the pool: the pool's log-probs then sum to less than 1 by the estimated mass the
-    pool misses, so path scores estimate absolute path probabilities. This is the full-vocabulary softmax of
-    s(c) + residual(c) with the residual applied to pool tokens only, and needs no [.., V] tensor per node.
-    """
-    norm = torch.logsumexp(logits, dim=-1)
-    if tail is not None:
-        norm = torch.logaddexp(norm, tail)
-    return logits - norm[..., None]
+    return CandidatePools(ids=ids, scores=scores)
 
 
 @dataclass(frozen=True)
@@ -265,24 +240,13 @@ class BoundAdapter:
     pool_size: int
     children: int = 8  # fan-out of the weaver builder: top pool children per expanded node (8 in the paper)
 
-    @property
-    def pool_tail(self) -> bool:
-        """Whether the builders score pools with the pool-tail outcome (`pool_logprobs`); set by the checkpoint."""
-        return self.weaver.pool_tail
-
 
 class Weaver(nn.Module):
-    """The Weaver adapter (module names are the authors' so that their checkpoints load with strict=True).
+    """The Weaver adapter (module names are the authors' so that their checkpoints load with strict=True)."""
 
-    pool_tail: score pools with the pool-tail outcome (`pool_logprobs`), for adapters trained with it (`weaver.train
-    adapter --pool-tail`). It adds no weights; the checkpoint records it in a top-level "pool_tail" key, written only
-    when True, so the authors' format is unchanged otherwise. The paper's adapters normalise over the pool (False).
-    """
-
-    def __init__(self, config: WeaverConfig, pool_tail: bool = False) -> None:
+    def __init__(self, config: WeaverConfig) -> None:
         super().__init__()
         self.config = config
-        self.pool_tail = pool_tail
         self.output_norm = BiasRMSNorm(config.d_model)
         self.embed_norm = BiasRMSNorm(config.d_embed)
         self.token_in = nn.Linear(config.d_embed, config.d_rank)
@@ -302,10 +266,7 @@ class Weaver(nn.Module):
         casts = {"int": int, "float": float, "str": str}  # the field annotations (strings: postponed evaluation)
         config = {f.name: casts[f.type](getattr(self.config, f.name)) for f in fields(self.config)}
         state = {name: tensor.detach().cpu().contiguous() for name, tensor in self.state_dict().items()}
-        payload = {"config": config, "state_dict": state}
-        if self.pool_tail:
-            payload["pool_tail"] = True
-        torch.save(payload, path)
+        torch.save({"config": config, "state_dict": state}, path)
 
     @classmethod
     def load(cls, path: str | Path, map_location: str | torch.device = "cpu") -> Weaver:
@@ -315,10 +276,7 @@ class Weaver(nn.Module):
             raise ValueError(
                 f"{path} is not a Weaver checkpoint: expected torch.save({{'config': ..., 'state_dict': ...}})"
             )
-        pool_tail = payload.get("pool_tail", False)
-        if not isinstance(pool_tail, bool):
-            raise ValueError(f"{path}: 'pool_tail' must be true or false, got {pool_tail!r}")
-        model = cls(WeaverConfig.from_dict(dict(payload["config"])), pool_tail=pool_tail)
+        model = cls(WeaverConfig.from_dict(dict(payload["config"])))
         model.load_state_dict(payload["state_dict"], strict=True)
         return model.eval()
 

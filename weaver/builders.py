@@ -6,8 +6,7 @@
     weaver_chain  Weaver's greedy chain
 
 Every builder returns a `weaver.tree.Tree` in pop order (so parent[i] < i) whose draft_logprobs are each node's local
-log-prob given its parent: the marginal's (chain, ddtree) or Weaver's pool log-prob (weaver, weaver_chain; normalised
-over the pool, or over the pool and its tail for a --pool-tail adapter, see `weaver.adapter.pool_logprobs`).
+log-prob given its parent: the marginal's (chain, ddtree) or the pool-normalised Weaver's (weaver, weaver_chain).
 Depth d of the tree uses marginal d (row d - 1 of the block); trees stop at depth min(D, depth_cap).
 """
 
@@ -22,7 +21,7 @@ from typing import Protocol
 
 import torch
 
-from weaver.adapter import BoundAdapter, pool_logprobs
+from weaver.adapter import BoundAdapter
 from weaver.tree import DEFAULT_DEPTH_CAP, Tree
 
 WIDTH_BUDGET_UNIT = 16  # w = ceil(B / 16) nodes per batched Weaver step ...
@@ -137,7 +136,6 @@ class WeaverSearch:
         with torch.no_grad():
             self.context = weaver.encode_context(block.target_hidden[None].float(), block.hidden[None].float())
             self.pools = weaver.pools(block.logits, adapter.pool_size)
-        self.tail = self.pools.tail if adapter.pool_tail else None  # [D] pool-tail logits, or pool-normalised
         layers, _, _, heads, head_dim = self.context.keys.shape
         self.node_keys = self.context.keys.new_zeros(layers, capacity, heads, head_dim)
         self.node_values = torch.zeros_like(self.node_keys)
@@ -159,11 +157,6 @@ class WeaverSearch:
         h = self.weaver.step(x, depth, self.context, self.node_keys, self.node_values, new, seen)
         return self.weaver.pool_scores(h, self.tables, self.pools.ids[depth], self.pools.scores[depth])
 
-    def local(self, logits: torch.Tensor, depths: list[int]) -> torch.Tensor:
-        """Children's local log-probs [w, K] from the pool logits [w, K] of nodes at `depths` (`pool_logprobs`)."""
-        tail = self.tail[torch.tensor(depths, device=logits.device)] if self.tail is not None else None
-        return pool_logprobs(logits, tail)
-
     def adopt(self, slot: int, parent: int) -> None:
         """Record a new slot's proper ancestors (its parent's ancestors plus its parent)."""
         self.ancestors[slot] = [*self.ancestors[parent], parent]
@@ -181,7 +174,7 @@ def weaver_tree(
     """Batched best-first over Weaver's cumulative pool log-probs.
 
     Pop the best w frontier entries globally, give them slots, run ONE Weaver step on them, publish each one's top
-    `children` pool children (score = parent score + the child's pool log-prob); the last pop only materialises.
+    `children` pool children (score = parent score + logit - logsumexp over the pool); the last pop only materialises.
     Pool ids are distinct, so siblings are too.
 
     Publishing is lazy: an expanded node enters the frontier with its best child only, and popping its rank-r child
@@ -249,7 +242,7 @@ def _publish(
     best one onto the frontier heap (padding pool entries, with -inf logits, are dropped)."""
     depths = [nodes.depths[s] for s in expand]
     logits = search.expand(expand, [nodes.tokens[s] for s in expand], depths)
-    local = search.local(logits, depths)
+    local = logits - torch.logsumexp(logits, dim=-1, keepdim=True)
     top_lp, top_idx = local.topk(min(search.children, local.shape[-1]), dim=-1)
     top_ids = search.pools.ids[torch.tensor(depths, device=top_idx.device)].gather(1, top_idx)
     for row, s in enumerate(expand):
@@ -271,7 +264,7 @@ def weaver_chain(
         if slot > 0:
             search.adopt(slot, slot - 1)
         logits = search.expand([slot], [tokens[slot]], [slot])[0]
-        local = search.local(logits[None], [slot])[0]
+        local = logits - torch.logsumexp(logits, dim=-1)
         best = int(local.argmax())
         tokens.append(int(search.pools.ids[slot, best]))
         logprobs.append(float(local[best]))

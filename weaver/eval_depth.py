@@ -42,7 +42,7 @@ from typing import Any
 
 import torch
 
-from weaver.adapter import BoundAdapter, Weaver, candidate_pools, pool_logprobs
+from weaver.adapter import BoundAdapter, Weaver, candidate_pools
 from weaver.builders import BUILDERS, build_tree
 from weaver.drafter import DraftBlock
 from weaver.sampling import SamplingParams, target_probs
@@ -168,7 +168,7 @@ def sequence_acceptance(
         pools = candidate_pools(logits, adapter.config.candidate_pool_size)
         chains = ids[pos]
         w_logits = teacher_forced_logits(adapter, drafts.target_hidden, drafts.proposal, chains, pools, embed, lm_head)
-        w = pool_logprobs(w_logits.float(), pools.tail if adapter.pool_tail else None).exp()
+        w = torch.softmax(w_logits.float(), dim=-1)
         p_pool = p.gather(-1, pools.ids.long())
         result["weaver_argmax"] = p_pool.gather(-1, w.argmax(-1, keepdim=True))[..., 0]
         result["weaver_sample"] = (w * p_pool).sum(-1)

@@ -39,7 +39,6 @@ import subprocess
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass
-from pathlib import Path
 
 UPSTREAM_VERSION = "0.5.23"
 FORK_REPO = "https://github.com/trymirai/sglang"
@@ -102,14 +101,6 @@ def _check_weaver(launch: SglangLaunch) -> None:
         )
     if launch.candidate_pool_size is not None and launch.candidate_pool_size < 1:
         raise ValueError(f"candidate_pool_size must be positive, got {launch.candidate_pool_size}")
-    if Path(launch.adapter).is_file():
-        from weaver.adapter import Weaver
-
-        if Weaver.load(launch.adapter).pool_tail:
-            raise ValueError(
-                f"{launch.adapter} was trained with --pool-tail, which the fork's Weaver does not score (it normalises "
-                "over the pool): run it on the engine backend (--backend engine) or serve an adapter trained without it"
-            )
 
 
 def _check_ddtree(launch: SglangLaunch) -> None:

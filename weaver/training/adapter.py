@@ -11,11 +11,6 @@ conditional p restricted to the pool (not renormalised):
 Tokens outside the pool are handled explicitly: q puts no mass there, so the target mass outside the pool (and beyond
 the target's cached top-k) counts as unrecoverable rejection in the TV term and carries no KL gradient. The mixing
 weight is constant (--kl-weight); the paper's exact schedule is unknown.
-
---pool-tail (not the paper's; off by default) gives q one more outcome, "outside the pool", whose logit is the
-drafter's log-mass outside the pool (`weaver.adapter.pool_logprobs`), and matches it to the target's mass outside the
-pool: KL and TV are then over the K + 1 outcomes, and q(c) estimates the target's p(c) itself instead of p(c) / p(pool),
-so the builder's path scores estimate absolute path probabilities. The checkpoint records it (`Weaver.pool_tail`).
 Optimiser: AdamW, or the paper's Muon (matrices) + AdamW (the rest) with --optimizer muon; warmup-stable-decay schedule;
 checkpoints in the authors' format plus a resumable training state.
 """
@@ -34,7 +29,7 @@ from typing import Any
 
 import torch
 
-from weaver.adapter import CandidatePools, Weaver, WeaverConfig, candidate_pools, pool_logprobs
+from weaver.adapter import CandidatePools, Weaver, WeaverConfig, candidate_pools
 from weaver.training.features import anchor_range
 from weaver.training.muon import Muon
 from weaver.training.resume import add_restart_argument, fingerprint, resumable, store_fingerprint
@@ -46,8 +41,7 @@ class AdapterBatch:
 
     target_hidden: [R, d_model]; proposal_hidden: [R, D, d_model] (drafter, frozen); pool_ids / pool_scores: [R, D, K];
     chain: [R, D] tokens at depths 0..D-1 (the root then the ground truth); target_ids / target_logprobs: [R, D, k]
-    the target's conditional at each node; valid: [R, D] bool (the sequence extends that far); tail_scores: [R, D]
-    the pools' tail logits (`CandidatePools.tail`).
+    the target's conditional at each node; valid: [R, D] bool (the sequence extends that far).
     """
 
     target_hidden: torch.Tensor
@@ -58,7 +52,6 @@ class AdapterBatch:
     target_ids: torch.Tensor
     target_logprobs: torch.Tensor
     valid: torch.Tensor
-    tail_scores: torch.Tensor
 
 
 @dataclass(frozen=True)
@@ -84,30 +77,16 @@ def lk_loss(
     target_ids: torch.Tensor,
     target_logprobs: torch.Tensor,
     kl_weight: float,
-    tail: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
-    """Per-row LK loss [N] of pool logits [N, K] (-inf at padding) against the target's top-k [N, k].
-
-    With tail [N] (--pool-tail) q has the pool-tail outcome too and both terms run over the K + 1 outcomes, the
-    target's being p(c) and 1 - p(pool); "acceptance" stays the pool's sum min(p, q).
-    """
+    """Per-row LK loss [N] of pool logits [N, K] (-inf at padding) against the target's top-k [N, k]."""
     p = target_pool_probs(pool_ids, target_ids, target_logprobs)
-    mass = p.sum(-1)
-    if tail is None:
-        log_q = torch.log_softmax(logits.float(), dim=-1)
-        log_p = torch.log(p.clamp_min(1e-30)) - torch.log(mass.clamp_min(1e-30))[:, None]  # p renormalised to the pool
-    else:
-        log_q = pool_logprobs(logits.float(), tail.float())
-        log_p = torch.log(p.clamp_min(1e-30))
+    log_q = torch.log_softmax(logits.float(), dim=-1)
     q = log_q.exp()
     acceptance = torch.minimum(p, q).sum(-1)
-    kl = torch.where(p > 0, p * (log_p - log_q.clamp_min(-1e4)), torch.zeros_like(p)).sum(-1)
+    mass = p.sum(-1)
+    log_p_tilde = torch.log(p.clamp_min(1e-30)) - torch.log(mass.clamp_min(1e-30))[:, None]
+    kl = torch.where(p > 0, p * (log_p_tilde - log_q.clamp_min(-1e4)), torch.zeros_like(p)).sum(-1)
     tv = 1.0 - acceptance
-    if tail is not None:
-        p_out = (1.0 - mass).clamp_min(0.0)
-        log_q_out = tail.float() - torch.logaddexp(torch.logsumexp(logits.float(), dim=-1), tail.float())
-        kl = kl + torch.where(p_out > 0, p_out * (torch.log(p_out.clamp_min(1e-30)) - log_q_out.clamp_min(-1e4)), 0.0)
-        tv = tv - torch.minimum(p_out, log_q_out.exp())
     loss = kl_weight * kl + (1.0 - kl_weight) * tv
     return loss, {"kl": kl, "tv": tv, "acceptance": acceptance, "pool_mass": mass}
 
@@ -137,7 +116,7 @@ def adapter_loss(
     weaver: Weaver, batch: AdapterBatch, embed_weight: torch.Tensor, lm_head_weight: torch.Tensor, kl_weight: float
 ) -> tuple[torch.Tensor, LossStats]:
     """Teacher-forced forward of the chains (module path, with gradients) and the mean LK loss over valid nodes."""
-    pools = CandidatePools(batch.pool_ids, batch.pool_scores, batch.tail_scores)
+    pools = CandidatePools(batch.pool_ids, batch.pool_scores)
     logits = teacher_forced_logits(
         weaver, batch.target_hidden, batch.proposal_hidden, batch.chain, pools, embed_weight, lm_head_weight
     )
@@ -149,7 +128,6 @@ def adapter_loss(
         batch.target_ids.flatten(0, 1)[valid],
         batch.target_logprobs.flatten(0, 1)[valid],
         kl_weight,
-        batch.tail_scores.flatten()[valid] if weaver.pool_tail else None,
     )
     loss = per_row.mean()
     stats = LossStats(
@@ -214,7 +192,6 @@ def make_batch(
         target_ids=example["top_ids"][pos].long(),
         target_logprobs=example["top_logprobs"][pos].float(),
         valid=valid,
-        tail_scores=pools.tail,
     )
 
 
@@ -227,7 +204,6 @@ def wsd_lr(step: int, total: int, peak: float, warmup: int, decay_frac: float) -
 
 
 OPTIMIZERS = ("adamw", "muon")
-ADDED_SETTINGS = {"pool_tail": False}  # TrainConfig fields newer than some saved states, with what those states used
 
 
 @dataclass(frozen=True)
@@ -244,7 +220,6 @@ class TrainConfig:
     kl_weight: float = 0.5
     pool_size: int = 64
     optimizer: str = "adamw"
-    pool_tail: bool = False
     seed: int = 0
     save_every: int = 100
 
@@ -262,12 +237,11 @@ def new_adapter(
     mlp_dim: int,
     pool_size: int,
     depth: int = 15,
-    pool_tail: bool = False,
 ) -> Weaver:
     """A fresh adapter whose residual starts at 0 (lm_head_query_in = 0), i.e. exactly the drafter's prior.
 
     depth: the drafter's D = block_size - 1, written as the config's K (the fork's DFLASH_TFM worker reads
-    min(block_size - 1, K) drafter depths; 15 for the paper's block-16 drafters); pool_tail: see `Weaver`.
+    min(block_size - 1, K) drafter depths; 15 for the paper's block-16 drafters).
     """
     config = WeaverConfig(
         d_model=d_model,
@@ -279,7 +253,7 @@ def new_adapter(
         K=depth,
         candidate_pool_size=pool_size,
     )
-    weaver = Weaver(config, pool_tail=pool_tail)
+    weaver = Weaver(config)
     torch.nn.init.zeros_(weaver.lm_head_query_in.weight)
     return weaver
 
@@ -359,9 +333,7 @@ def train(
     }
     if state_path.exists():
         state = torch.load(state_path, weights_only=True)
-        if resumable(
-            state_path, state, asdict(weaver.config), asdict(cfg), restart_if_changed, log, inputs, ADDED_SETTINGS
-        ):
+        if resumable(state_path, state, asdict(weaver.config), asdict(cfg), restart_if_changed, log, inputs):
             weaver.load_state_dict(state["weaver"])
             for optimizer, saved in zip(optimizers, state["optimizers"], strict=True):
                 optimizer.load_state_dict(saved)
@@ -482,13 +454,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--weight-decay", type=float, default=defaults.weight_decay, help="weight decay (of both optimizers)"
     )
     parser.add_argument("--kl-weight", type=float, default=defaults.kl_weight, help="KL weight in the LK loss; TV 1-w")
-    parser.add_argument(
-        "--pool-tail",
-        action="store_true",
-        help="train q with a pool-tail outcome (the drafter's log-mass outside the pool) matched to the target's mass "
-        "outside the pool, so tree scores estimate absolute path probabilities; recorded in adapter.pt (not the "
-        "paper's: its scores are normalised over the pool)",
-    )
     parser.add_argument("--seed", type=int, default=defaults.seed, help="seed of initialisation and anchor sampling")
     parser.add_argument("--save-every", type=int, default=defaults.save_every, help="checkpoint every N steps")
     add_restart_argument(parser)
@@ -525,7 +490,6 @@ def main(args: argparse.Namespace) -> int:
         args.mlp_dim,
         args.pool_size,
         depth=drafter.cfg.block_size - 1,
-        pool_tail=args.pool_tail,
     )
     cfg = TrainConfig(**{f: getattr(args, f) for f in TrainConfig.__dataclass_fields__})
     started = time.time()

@@ -58,26 +58,20 @@ def resumable(
     restart_if_changed: bool,
     log: Callable[[str], None] = print,
     inputs: dict[str, str] | None = None,
-    added: dict[str, Any] | None = None,
 ) -> bool:
     """Whether `state` (loaded from `path`) can be resumed under the current configs (plain dicts, as in asdict).
 
     The state must hold "model_config", "train_config" and "step"; with `inputs` (name -> fingerprint of what the run
     trains against) also the same "inputs" (a state from before inputs were recorded counts as changed). A state at a
     step beyond the current train_config["steps"] is refused even with restart_if_changed: lowering --steps is never
-    a reason to discard training. `added` maps train_config fields introduced after some states were written to the
-    value those states were trained with (a state without the field counts as having it). Differences elsewhere
-    raise ValueError naming them, or with restart_if_changed rename the state to train_state.stale-<unix time>.pt
-    (kept, never deleted) and return False.
+    a reason to discard training. Differences elsewhere raise ValueError naming them, or with restart_if_changed
+    rename the state to train_state.stale-<unix time>.pt (kept, never deleted) and return False.
     """
     step, steps = int(state["step"]), int(train_config["steps"])
     if step > steps:
         raise ValueError(f"{path} is at step {step}, beyond --steps {steps}: raise --steps or use another --out")
     diffs = [f"architecture {d}" for d in changed_fields(state.get("model_config"), model_config)]
-    saved_train = state.get("train_config")
-    if saved_train is not None and added:
-        saved_train = added | saved_train
-    diffs += changed_fields(saved_train, train_config, ignore=RESUMABLE)
+    diffs += changed_fields(state.get("train_config"), train_config, ignore=RESUMABLE)
     if inputs is not None:
         diffs += [f"input {d}" for d in changed_fields(state.get("inputs"), inputs)]
     if not diffs:
