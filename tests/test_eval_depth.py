@@ -17,6 +17,7 @@ from weaver.eval_depth import (
     TREE_FIELDS,
     TreeSpec,
     accepted_drafts,
+    adapter_paths,
     best_tree_accepted,
     build_parser,
     check_tree_args,
@@ -294,6 +295,10 @@ def test_expected_tree_acceptance_at_temperature_0_is_the_greedy_walk() -> None:
         (["--trees", "ddtree", "--trees-out", "t.csv", "--pool-size", "256"], "needs --adapter"),
         (["--trees", "ddtree", "--trees-out", "t.csv", "--adapter", "a.pt", "--pool-size", "0"], ">= 1"),
         (["--trees", "weaver", "--trees-out", "t.csv"], "--adapter"),
+        (["--trees", "weaver", "--trees-out", "t.csv", "--adapter-at", "1", "a1.pt"], "none at 0"),
+        (["--adapter-at", "0.5", "a.pt"], "not one of --temperatures 1 0"),
+        (["--adapter-at", "warm", "a.pt"], "'warm' is not a temperature"),
+        (["--adapter-at", "1", "a.pt", "--adapter-at", "1.0", "b.pt"], "given twice"),
     ],
 )
 def test_tree_options_are_checked_before_loading(argv, message) -> None:
@@ -348,3 +353,51 @@ def test_best_tree_is_the_most_probable_paths(family: str) -> None:
     assert all(scores[name][0] <= scores[ORACLE][0] + 1e-9 for name in ("chain", "ddtree", "weaver", POOL_BOUND))
     assert scores["weaver"][0] <= scores[POOL_BOUND][0] + 1e-9
     assert scores[POOL_BOUND][0] < scores[ORACLE][0]  # 4-token pools miss mass
+
+
+def test_adapter_at_replaces_the_adapter_at_its_temperature_only() -> None:
+    parse = build_parser().parse_args
+    base = ["--model", "m", "--drafter", "d", "--out", "o.csv", "--temperatures", "0", "1"]
+    given = parse([*base, "--adapter", "a.pt", "--adapter-at", "1", "a1.pt"])
+    assert adapter_paths(given) == {0.0: "a.pt", 1.0: "a1.pt"}
+    assert adapter_paths(parse([*base, "--adapter-at", "1", "a1.pt"])) == {0.0: None, 1.0: "a1.pt"}
+    trees = ["--trees", "weaver", "--trees-out", "t.csv"]
+    both = parse([*base, "--adapter-at", "0", "a0.pt", "--adapter-at", "1", "a1.pt", *trees])
+    check_tree_args(both)  # every temperature has its adapter: no --adapter needed
+    assert adapter_paths(both) == {0.0: "a0.pt", 1.0: "a1.pt"}
+
+
+def test_main_scores_each_temperature_with_its_adapter(setup, tmp_path, monkeypatch) -> None:
+    """The command's wiring: the weaver rows and trees at temperature 1 come from --adapter-at 1's checkpoint, those at
+    0 from --adapter's (told apart by their pool sizes), each file loaded once."""
+    import weaver.data
+    import weaver.drafter
+    import weaver.eval_depth as eval_depth
+    import weaver.models
+    from weaver.adapter import Weaver
+
+    model, drafter = setup
+    tiny_adapter(model, pool_size=8).save(tmp_path / "a.pt")
+    tiny_adapter(model, pool_size=12).save(tmp_path / "a1.pt")
+    tokenizer = type("Tokenizer", (), {"eos_token_id": None})()
+    monkeypatch.setattr(weaver.models, "load_target", lambda name: (model, tokenizer))
+    monkeypatch.setattr(weaver.drafter, "load_drafter", lambda path: drafter)
+    monkeypatch.setattr(weaver.data, "load_prompts", lambda dataset, n, seed: [dataset])
+    monkeypatch.setattr(weaver.data, "format_prompt", lambda tokenizer, prompt: [1, 2, 3])
+    loads, seen = [], {}
+    real_load = Weaver.load
+    monkeypatch.setattr(Weaver, "load", classmethod(lambda cls, path: loads.append(path) or real_load(path)))
+
+    def fake_evaluate(model, drafter, adapter, prompts, temperature, *args):
+        spec = args[-1]
+        seen[temperature] = (adapter.config.candidate_pool_size, spec.adapter.pool_size)
+        return {"n": torch.zeros(drafter.cfg.block_size - 1)}
+
+    monkeypatch.setattr(eval_depth, "evaluate", fake_evaluate)
+    eval_depth.main(
+        ["--model", "m", "--drafter", "d", "--adapter", str(tmp_path / "a.pt"), "--adapter-at", "1",
+         str(tmp_path / "a1.pt"), "--temperatures", "1", "0", "--dataset", "mt_bench", "humaneval", "--trees",
+         "weaver", "--trees-out", str(tmp_path / "t.csv"), "--out", str(tmp_path / "d.csv")]
+    )  # fmt: skip
+    assert seen == {1.0: (12, 12), 0.0: (8, 8)}
+    assert sorted(loads) == [str(tmp_path / "a.pt"), str(tmp_path / "a1.pt")]

@@ -73,16 +73,25 @@ def test_dry_run_of_every_config(config: str, tmp_path: Path) -> None:
     children = resolved.get("weaver_children", 8)
     weaver_commands = [line for line in run.stdout.splitlines() if "--method weaver " in line]
     assert weaver_commands and all(f"--children {children} " in line for line in weaver_commands)
-    own = [m for m, spec in resolved["models"].items() if "features_args" in spec["adapter"]]
+    own = [name for name, recipe in adapter_recipes(resolved) if "features_args" in recipe]
     assert counts.get("adapter_features", 0) == len(own)
-    for model in own:  # such an adapter trains on its own features, not on the drafter's
+    for name in own:  # such an adapter trains on its own features, not on the drafter's
         run_dir = f"results/{resolved['run']}"
-        assert f"--features {run_dir}/adapter_features/{model} --out {run_dir}/adapters/{model} " in run.stdout
+        assert f"--features {run_dir}/adapter_features/{name} --out {run_dir}/adapters/{name} " in run.stdout
     grids = resolved["grids"]
     for grid in grids:  # a budget-free method runs at the grid's smallest budget only
         for method in grid.get("budget_free", []):
             runs = set(re.findall(rf"/{method}/b(\d+)-t", run.stdout))
             assert runs == {str(min(grid["budgets"]))}, runs
+
+
+def adapter_recipes(config: dict) -> list[tuple[str, dict]]:
+    """(name in paths, recipe) of every adapter of a config: each model's, then its per_temperature ones."""
+    found = []
+    for model, spec in config["models"].items():
+        found.append((model, spec["adapter"]))
+        found += [(f"{model}.t{e['temperature']:g}", e) for e in spec["adapter"].get("per_temperature", [])]
+    return found
 
 
 TRAINER_KEYS = {
@@ -109,6 +118,10 @@ def trainer_args(config: dict) -> list[tuple[str, str, list[str]]]:
                 value = value.get(key) if isinstance(value, dict) else None
             if value is not None:
                 found.append((model, trainer, [str(a) for a in value]))
+        for entry in spec["adapter"].get("per_temperature", []):
+            for trainer, key in (("features", "features_args"), ("adapter", "train_args")):
+                if key in entry:
+                    found.append((f"{model}.t{entry['temperature']:g}", trainer, [str(a) for a in entry[key]]))
     return found
 
 
@@ -135,6 +148,62 @@ def test_trainer_args_check_rejects_a_bad_choice(capsys: pytest.CaptureFixture[s
     with pytest.raises(SystemExit):
         build_parser(argv).parse_args(argv)
     assert "mun" in capsys.readouterr().err
+
+
+def with_temperature_one(config: dict, per_temperature: list[dict]) -> dict:
+    """The smoke config with Weaver also at temperature 1 and these per_temperature adapters."""
+    config["grids"][0]["temperatures"] = [0, 1]
+    config["models"]["smollm2-135m"]["adapter"]["per_temperature"] = per_temperature
+    return config
+
+
+def test_a_per_temperature_adapter_serves_its_temperature_only(tmp_path: Path) -> None:
+    config = yaml.safe_load((ROOT / "config" / "smoke.yaml").read_text())
+    features = ["--data", "target", "--num-sequences", "12", "--regen-tokens", "16", "--regen-temperatures", "1"]
+    one = {"temperature": 1, "features_args": features, "train_args": ["--steps", "4"]}
+    path = tmp_path / "config.yaml"
+    path.write_text(yaml.safe_dump(with_temperature_one(config, [one])))
+    run = snakemake("-n", "--configfile", str(path), "--directory", str(tmp_path))
+    assert run.returncode == 0, run.stdout + run.stderr
+    counts = job_counts(run.stdout)
+    assert counts["adapter_features"] == 2 and counts["train_adapter"] == 2
+    lines = run.stdout.splitlines()
+    default, own = "results/smoke/adapters/smollm2-135m/adapter.pt", "results/smoke/adapters/smollm2-135m.t1/adapter.pt"
+    for temperature, adapter in ((0, default), (1, own)):
+        cells = [line for line in lines if "--method weaver " in line and f"--temperature {temperature} " in line]
+        assert cells and all(f"--adapter {adapter} " in line for line in cells), cells
+    assert f"--adapter {default} --adapter-at 1 {own} --dataset" in run.stdout  # eval_depth: each its own
+    assert (
+        "--out results/smoke/adapter_features/smollm2-135m.t1 --data target --num-sequences 12 --regen-tokens 16 "
+        "--regen-temperatures 1 > results/smoke/logs/adapter_features/smollm2-135m.t1.log" in run.stdout
+    )
+
+    # an adapter for every temperature Weaver runs at: the model's default one is not trained at all
+    zero = {"temperature": 0, "train_args": ["--steps", "4"]}  # on the drafter's features
+    path.write_text(yaml.safe_dump(with_temperature_one(config, [zero, one])))
+    run = snakemake("-n", "--configfile", str(path), "--directory", str(tmp_path))
+    assert run.returncode == 0, run.stdout + run.stderr
+    assert job_counts(run.stdout)["train_adapter"] == 2 and default not in run.stdout
+    assert f"--adapter-at 0 results/smoke/adapters/smollm2-135m.t0/adapter.pt --adapter-at 1 {own} " in run.stdout
+
+
+@pytest.mark.parametrize(
+    ("per_temperature", "names"),
+    [
+        ([{"temperature": 0.5, "train_args": []}], ["per_temperature", "temperature 0.5", "Weaver's temperatures"]),
+        ([{"temperature": 1, "train_args": []}, {"temperature": 1.0, "path": "a.pt"}], ["1 is listed twice"]),
+        ([{"train_args": []}], ["per_temperature.0", "'temperature' is a required property"]),
+    ],
+    ids=["temperature-not-served", "twice", "no-temperature"],
+)
+def test_bad_per_temperature_adapter_fails_naming_it(tmp_path: Path, per_temperature: list, names: list[str]) -> None:
+    config = with_temperature_one(yaml.safe_load((ROOT / "config" / "smoke.yaml").read_text()), per_temperature)
+    path = tmp_path / "bad.yaml"
+    path.write_text(yaml.safe_dump(config))
+    run = snakemake("-n", "--configfile", str(path))
+    assert run.returncode != 0
+    for name in names:
+        assert name in run.stdout + run.stderr, run.stdout + run.stderr
 
 
 @pytest.mark.parametrize("profile", ["default", "gpu-smoke", "slurm"])

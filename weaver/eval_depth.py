@@ -1,6 +1,6 @@
 """Per-depth acceptance of a drafter's marginals, teacher-forced (the paper's Figure 4, METHOD.md section 2).
 
-`python -m weaver.eval_depth --model M --drafter D [--adapter A] --dataset mt_bench humaneval --out depth.csv`
+`python -m weaver.eval_depth --model M --drafter D [--adapter A] [--adapter-at T A] --dataset mt_bench --out depth.csv`
 
 Held-out prompts are continued by the target itself (greedy at temperature 0, sampled at temperature > 0); at anchors
 L in that continuation the drafter drafts depths d = 1..D from the context x_<L, and each depth is scored against the
@@ -419,6 +419,15 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--model-name", default=None, help="name in the CSV (default: the basename of --model)")
     parser.add_argument("--drafter", required=True, help="drafter folder (z-lab DFlash format)")
     parser.add_argument("--adapter", default=None, help="Weaver adapter.pt (adds the weaver_* rows); optional")
+    parser.add_argument(
+        "--adapter-at",
+        nargs=2,
+        action="append",
+        default=[],
+        metavar=("TEMPERATURE", "ADAPTER"),
+        help="a Weaver adapter.pt for one of --temperatures only, in place of --adapter there (repeatable; e.g. one "
+        "trained on completions sampled at that temperature)",
+    )
     parser.add_argument("--dataset", nargs="+", default=["mt_bench"], help="weaver.data evaluation sets")
     parser.add_argument("--n-prompts", type=int, default=4, help="prompts per dataset")
     parser.add_argument("--max-new-tokens", type=int, default=64, help="target continuation length per prompt")
@@ -454,8 +463,34 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def adapter_paths(args: argparse.Namespace) -> dict[float, str | None]:
+    """The adapter checkpoint scored at each of --temperatures: its --adapter-at one, else --adapter (None: none).
+
+    Refuses an --adapter-at temperature that is not a number, is given twice, or is not among --temperatures."""
+    chosen: dict[float, str | None] = dict.fromkeys(args.temperatures, args.adapter)
+    seen: set[float] = set()
+    for text, path in args.adapter_at:
+        try:
+            temperature = float(text)
+        except ValueError:
+            raise SystemExit(
+                f"--adapter-at {text} {path}: {text!r} is not a temperature (e.g. --adapter-at 1 a.pt)"
+            ) from None
+        if temperature in seen:
+            raise SystemExit(f"--adapter-at: temperature {text} is given twice; keep one adapter per temperature")
+        if temperature not in chosen:
+            raise SystemExit(
+                f"--adapter-at {text} {path}: {text} is not one of --temperatures "
+                f"{' '.join(f'{t:g}' for t in args.temperatures)}; add it there or drop the adapter"
+            )
+        seen.add(temperature)
+        chosen[temperature] = path
+    return chosen
+
+
 def check_tree_args(args: argparse.Namespace) -> None:
     """Refuse --trees settings that could not produce rows, before any model is loaded."""
+    adapters = adapter_paths(args)
     if not args.trees:
         for flag, value in (("--trees-out", args.trees_out), ("--oracle", args.oracle)):
             if value:
@@ -463,11 +498,15 @@ def check_tree_args(args: argparse.Namespace) -> None:
         return
     if not args.trees_out:
         raise SystemExit("--trees needs --trees-out: the CSV the tree rows are written to")
-    if any(m.startswith("weaver") for m in args.trees) and not args.adapter:
-        raise SystemExit("--trees weaver/weaver_chain needs --adapter (the Weaver checkpoint)")
+    missing = [f"{t:g}" for t, path in adapters.items() if path is None]
+    if any(m.startswith("weaver") for m in args.trees) and missing:
+        raise SystemExit(
+            f"--trees weaver/weaver_chain needs a Weaver checkpoint at every temperature (none at {' '.join(missing)}):"
+            " give --adapter, or --adapter-at for each"
+        )
     if args.budget < 1:
         raise SystemExit(f"--budget must be >= 1, got {args.budget}")
-    if args.pool_size is not None and not args.adapter:
+    if args.pool_size is not None and missing:
         raise SystemExit("--pool-size needs --adapter: it sets the pools of the weaver builders and pool_bound")
     if args.pool_size is not None and args.pool_size < 1:
         raise SystemExit(f"--pool-size must be >= 1, got {args.pool_size}")
@@ -485,19 +524,25 @@ def main(argv: list[str] | None = None) -> None:
     model, tokenizer = load_target(args.model)
     model.eval().requires_grad_(False)
     drafter = load_drafter(args.drafter).eval()
-    adapter = Weaver.load(args.adapter).eval() if args.adapter else None
+    chosen = adapter_paths(args)
+    loaded = {path: Weaver.load(path).eval() for path in dict.fromkeys(chosen.values()) if path is not None}
     name = args.model_name or Path(args.model).name
-    trees = None
+    trees: dict[float, TreeSpec | None] = dict.fromkeys(args.temperatures)
     if args.trees:
-        bound = None
-        if adapter is not None:
-            embed, lm_head = model.embed_tokens.weight.float(), model.lm_head.weight.float()
-            bound = adapter.bind(embed, lm_head, pool_size=args.pool_size, children=args.children)
-        trees = TreeSpec(tuple(args.trees), args.budget, bound, args.oracle)
+        embed, lm_head = model.embed_tokens.weight.float(), model.lm_head.weight.float()
+        bound = {
+            path: adapter.bind(embed, lm_head, pool_size=args.pool_size, children=args.children)
+            for path, adapter in loaded.items()
+        }
+        for temperature, path in chosen.items():
+            adapter = bound[path] if path is not None else None
+            trees[temperature] = TreeSpec(tuple(args.trees), args.budget, adapter, args.oracle)
     rows, tree_rows = [], []
     for dataset in args.dataset:
         prompts = [format_prompt(tokenizer, p) for p in load_prompts(dataset, n=args.n_prompts, seed=args.seed)]
         for temperature in args.temperatures:
+            adapter = loaded[chosen[temperature]] if chosen[temperature] is not None else None
+            spec = trees[temperature]
             result = evaluate(
                 model,
                 drafter,
@@ -508,14 +553,14 @@ def main(argv: list[str] | None = None) -> None:
                 args.anchors,
                 tokenizer.eos_token_id,
                 args.seed,
-                trees,
+                spec,
             )
             rows += rows_for(name, dataset, temperature, result)
-            if trees is not None:
-                scored = tree_rows_for(name, dataset, temperature, trees, result)
+            if spec is not None:
+                scored = tree_rows_for(name, dataset, temperature, spec, result)
                 tree_rows += scored
                 print(
-                    f"{dataset} t={temperature:g} trees at b{trees.budget}: "
+                    f"{dataset} t={temperature:g} trees at b{spec.budget}: "
                     + " ".join(f"{r.method}={r.tau:.3f}" for r in scored)
                 )
             print(
@@ -528,7 +573,7 @@ def main(argv: list[str] | None = None) -> None:
             )
     write_csv(args.out, rows)
     print(f"wrote {len(rows)} rows to {args.out}")
-    if trees is not None:
+    if args.trees:
         write_csv(args.trees_out, tree_rows, TREE_FIELDS)
         print(f"wrote {len(tree_rows)} rows to {args.trees_out}")
 

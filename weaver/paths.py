@@ -6,14 +6,17 @@ Every path is relative to the repository root (Snakemake's working directory). P
     results/{run}/models/{model}/                      targets the pipeline builds (the GDN hybrid)
     results/{run}/drafters/{model}/                    drafter checkpoint folder
     results/{run}/features/{model}/                    cached target features for training
-    results/{run}/adapter_features/{model}/            the adapter's own features (when its config asks for them)
-    results/{run}/adapters/{model}/adapter.pt          Weaver adapter checkpoint
+    results/{run}/adapter_features/{adapter}/          the adapter's own features (when its config asks for them)
+    results/{run}/adapters/{adapter}/adapter.pt        Weaver adapter checkpoint
     results/{run}/kernels/build.json                   kernel build report
     results/{run}/raw/bench/{model}/{dataset}/{method}/b{budget}-t{temperature}/{records.jsonl,meta.json}
     results/{run}/raw/kernels/kernel_table.csv         GDN kernel bench (python -m weaver_kernels.bench)
     results/{run}/tidy/*.csv                           analysis tables (weaver.analyze)
     results/{run}/logs/{rule}/...log                   one log per job
     figures/{run}/*.{png,pdf,md,tex}                   paper figures and tables
+
+An `{adapter}` is named after its model, `{model}`, or `{model}.t{temperature}` for one that serves a single target
+temperature (`models.*.adapter.per_temperature` in the config; `adapter_name`).
 """
 
 from __future__ import annotations
@@ -27,8 +30,8 @@ RUN = RESULTS + "/{run}"
 MODEL_DIR = RUN + "/models/{model}"
 DRAFTER_DIR = RUN + "/drafters/{model}"
 FEATURES_DIR = RUN + "/features/{model}"  # cached target features (drafter and adapter training)
-ADAPTER_FEATURES_DIR = RUN + "/adapter_features/{model}"  # the adapter's own set (models.*.adapter.features_args)
-ADAPTER = RUN + "/adapters/{model}/adapter.pt"
+ADAPTER_FEATURES_DIR = RUN + "/adapter_features/{adapter}"  # the adapter's own set (models.*.adapter.features_args)
+ADAPTER = RUN + "/adapters/{adapter}/adapter.pt"
 KERNEL_BUILD = RUN + "/kernels/build.json"
 CELL_DIR = RUN + "/raw/bench/{model}/{dataset}/{method}/b{budget}-t{temperature}"
 RECORDS = CELL_DIR + "/records.jsonl"
@@ -44,6 +47,11 @@ TIDY_TABLES = ("requests", "cells", "macro", "depth_acceptance", "kernels")
 def temperature_label(temperature: float) -> str:
     """Canonical text of a temperature in paths and records: 0 -> "0", 1.0 -> "1", 0.7 -> "0.7"."""
     return f"{float(temperature):g}"
+
+
+def adapter_name(model: str, temperature: float | None = None) -> str:
+    """Name of an adapter in paths: `model`, or `model.t<label>` for one trained for a single target temperature."""
+    return model if temperature is None else f"{model}.t{temperature_label(temperature)}"
 
 
 def cell_dir(run: str, model: str, dataset: str, method: str, budget: int, temperature: float) -> Path:

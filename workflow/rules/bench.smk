@@ -5,7 +5,7 @@ def bench_inputs(wc):
     if wc.method in DRAFTER_METHODS:
         inputs["drafter"] = checkpoint_input(wc.model, "drafter")
     if wc.method in ADAPTER_METHODS:
-        inputs["adapter"] = checkpoint_input(wc.model, "adapter")
+        inputs["adapter"] = checkpoint_input(wc.model, "adapter", wc.temperature)
     return inputs
 
 
@@ -14,7 +14,8 @@ def checkpoint_flags(wc):
     if wc.method in DRAFTER_METHODS:
         flags += ["--drafter", checkpoint_of(wc.model, "drafter")]
     if wc.method in ADAPTER_METHODS:
-        flags += ["--adapter", checkpoint_of(wc.model, "adapter"), "--children", config["weaver_children"]]
+        adapter = checkpoint_of(wc.model, "adapter", wc.temperature)  # the one serving this cell's temperature
+        flags += ["--adapter", adapter, "--children", config["weaver_children"]]
     return args(flags)
 
 

@@ -62,6 +62,30 @@ def validate_config(config, schema_path):
                 f"config key figures.tree_methods: none of {sorted(scored)} is benchmarked for {model!r} (its grids:"
                 f" {sorted(benched)}), so eval_depth would score no tree; add one of {sorted(benched & DRAFTER_METHODS)}"
             )
+    for model, spec in config["models"].items():
+        served = {
+            paths.temperature_label(t)
+            for grid in config["grids"]
+            if model in grid["models"] and set(grid["methods"]) & ADAPTER_METHODS
+            for t in grid["temperatures"]
+        }
+        labels = [paths.temperature_label(e["temperature"]) for e in spec["adapter"].get("per_temperature", [])]
+        for label in labels:
+            if labels.count(label) > 1:
+                raise ValueError(
+                    f"config key models.{model}.adapter.per_temperature: temperature {label} is listed twice; keep one"
+                )
+            if label not in served:
+                raise ValueError(
+                    f"config key models.{model}.adapter.per_temperature: no grid runs Weaver on {model!r} at"
+                    f" temperature {label} (Weaver's temperatures: {sorted(served)}); drop the entry or add the"
+                    " temperature to a grid"
+                )
+            if paths.adapter_name(model, float(label)) in config["models"]:
+                raise ValueError(
+                    f"config key models: {paths.adapter_name(model, float(label))!r} names both a model and the"
+                    f" temperature-{label} adapter of {model!r}; rename the model"
+                )
     if config["weaver_children"] != 8 and config["backend"] != "engine":
         raise ValueError(
             f"config key weaver_children: {config['weaver_children']} needs backend engine (got {config['backend']!r}:"
@@ -100,6 +124,26 @@ def cells():
 
 
 BUDGET_FREE = sorted({method for grid in config["grids"] for method in grid.get("budget_free", [])})
+
+
+def adapters():
+    """Every adapter by its name in paths (weaver.paths.adapter_name): (model, temperature label or None, recipe)."""
+    found = {}
+    for model, spec in config["models"].items():
+        found[paths.adapter_name(model)] = (model, None, spec["adapter"])
+        for entry in spec["adapter"].get("per_temperature", []):
+            label = paths.temperature_label(entry["temperature"])
+            found[paths.adapter_name(model, entry["temperature"])] = (model, label, entry)
+    return found
+
+
+ADAPTERS = adapters()
+
+
+def adapter_for(model, temperature):
+    """Name of the adapter that serves `model` at `temperature` (a label): its per_temperature one, else the default."""
+    name = paths.adapter_name(model, float(temperature))
+    return name if name in ADAPTERS else paths.adapter_name(model)
 
 
 CELLS = cells()
@@ -141,6 +185,7 @@ def artifact(name):
 wildcard_constraints:
     run=re.escape(RUN),
     model="|".join(map(re.escape, config["models"])),
+    adapter="|".join(map(re.escape, ADAPTERS)),
     dataset="|".join(config["datasets"]),
     method="[a-z_]+",
     budget=r"\d+",

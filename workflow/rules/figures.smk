@@ -83,13 +83,31 @@ def tree_flags(wc, output):
 
 
 DEPTH_MODELS = [m for m in config["models"] if grid_methods(m) & DRAFTER_METHODS]
+DEPTH_TEMPERATURES = sorted({paths.temperature_label(t) for g in config["grids"] for t in g["temperatures"]})
+
+
+def depth_adapters(model):
+    """The adapters eval_depth scores `model` with: temperature label -> adapter name (each label's own, if any)."""
+    return {t: adapter_for(model, t) for t in DEPTH_TEMPERATURES} if uses_adapter(model) else {}
+
+
+def depth_adapter_flags(wc):
+    """--adapter for the temperatures the model's default adapter serves, --adapter-at T PATH for the others."""
+    flags = []
+    chosen = depth_adapters(wc.model)
+    if paths.adapter_name(wc.model) in chosen.values():
+        flags += ["--adapter", checkpoint_of(wc.model, "adapter")]
+    for t, name in chosen.items():
+        if name != paths.adapter_name(wc.model):
+            flags += ["--adapter-at", t, adapter_path(name)]
+    return args(flags)
 
 
 rule eval_depth:
     input:
         target=lambda wc: target_input(wc.model),
         drafter=lambda wc: checkpoint_input(wc.model, "drafter"),
-        adapter=lambda wc: checkpoint_input(wc.model, "adapter") if uses_adapter(wc.model) else [],
+        adapter=lambda wc: sorted({p for t in depth_adapters(wc.model) for p in checkpoint_input(wc.model, "adapter", t)}),
     output:
         **DEPTH_OUTPUTS,
     log:
@@ -97,10 +115,10 @@ rule eval_depth:
     params:
         target=lambda wc: target_arg(wc.model),
         drafter=lambda wc: checkpoint_of(wc.model, "drafter"),
-        adapter=lambda wc: f"--adapter {checkpoint_of(wc.model, 'adapter')}" if uses_adapter(wc.model) else "",
+        adapter=depth_adapter_flags,
         datasets=" ".join(config["datasets"]),
         n=min(config["datasets"].values()),
-        temperatures=" ".join(sorted({paths.temperature_label(t) for g in config["grids"] for t in g["temperatures"]})),
+        temperatures=" ".join(DEPTH_TEMPERATURES),
         trees=tree_flags,
     priority: 5
     threads: THREADS

@@ -13,18 +13,27 @@ def target_input(model):
     return [target_arg(model)] if "build" in config["models"][model] else []
 
 
-def checkpoint_of(model, kind):
-    """A pretrained checkpoint path from the config, or the one this pipeline trains."""
-    spec = config["models"][model][kind]
-    if "path" in spec:
-        return spec["path"]
-    pattern = paths.DRAFTER_DIR if kind == "drafter" else paths.ADAPTER
-    return pattern.format(run=RUN, model=model)
+def checkpoint_of(model, kind, temperature=None):
+    """A pretrained checkpoint path from the config, or the one this pipeline trains; for the adapter, the one that
+    serves `temperature` (a label; None: the model's default adapter)."""
+    if kind == "drafter":
+        spec = config["models"][model]["drafter"]
+        return spec.get("path", paths.DRAFTER_DIR.format(run=RUN, model=model))
+    name = paths.adapter_name(model) if temperature is None else adapter_for(model, temperature)
+    return adapter_path(name)
 
 
-def checkpoint_input(model, kind):
+def checkpoint_input(model, kind, temperature=None):
     """Checkpoints this pipeline trains are inputs; pretrained ones are external (a dry run must work without)."""
-    return [] if "path" in config["models"][model][kind] else [checkpoint_of(model, kind)]
+    if kind == "drafter":
+        return [] if "path" in config["models"][model]["drafter"] else [checkpoint_of(model, kind)]
+    name = paths.adapter_name(model) if temperature is None else adapter_for(model, temperature)
+    return [] if "path" in ADAPTERS[name][2] else [adapter_path(name)]
+
+
+def adapter_path(name):
+    """Checkpoint file of the adapter `name` (a key of ADAPTERS): its config path, or the one this pipeline trains."""
+    return ADAPTERS[name][2].get("path", paths.ADAPTER.format(run=RUN, adapter=name))
 
 
 rule build_hybrid:
@@ -62,11 +71,16 @@ rule train_drafter:
         "--features {output.features} {params.extra} > {log} 2>&1"
 
 
-def adapter_features(model):
-    """The features the adapter trains on: its own set when the config gives features_args, else the drafter's."""
-    if "features_args" in config["models"][model]["adapter"]:
-        return paths.ADAPTER_FEATURES_DIR.format(run=RUN, model=model) + "/summary.json"
+def adapter_features(name):
+    """The features adapter `name` trains on: its own set when its recipe gives features_args, else its drafter's."""
+    model, _, recipe = ADAPTERS[name]
+    if "features_args" in recipe:
+        return paths.ADAPTER_FEATURES_DIR.format(run=RUN, adapter=name) + "/summary.json"
     return paths.FEATURES_DIR.format(run=RUN, model=model)
+
+
+def adapter_model(wc):
+    return ADAPTERS[wc.adapter][0]
 
 
 # The adapter's own training data (more target completions than its drafter was trained on), for the drafter's taps.
@@ -75,17 +89,17 @@ def adapter_features(model):
 # refuses the old folder (its meta.json names other data) and says to delete it.
 rule adapter_features:
     input:
-        target=lambda wc: target_input(wc.model),
-        drafter=lambda wc: checkpoint_input(wc.model, "drafter"),
+        target=lambda wc: target_input(adapter_model(wc)),
+        drafter=lambda wc: checkpoint_input(adapter_model(wc), "drafter"),
     output:
         paths.ADAPTER_FEATURES_DIR + "/summary.json",
     log:
-        log("adapter_features"),
+        log("adapter_features", "{adapter}"),
     params:
-        target=lambda wc: target_arg(wc.model),
-        drafter=lambda wc: checkpoint_of(wc.model, "drafter"),
+        target=lambda wc: target_arg(adapter_model(wc)),
+        drafter=lambda wc: checkpoint_of(adapter_model(wc), "drafter"),
         out=lambda wc, output: os.path.dirname(output[0]),
-        extra=lambda wc: args(config["models"][wc.model]["adapter"]["features_args"]),
+        extra=lambda wc: args(ADAPTERS[wc.adapter][2]["features_args"]),
     priority: 15
     threads: THREADS
     resources:
@@ -99,19 +113,19 @@ rule adapter_features:
 # its params changed moves it aside (--restart-if-changed) instead of resuming under other settings.
 rule train_adapter:
     input:
-        target=lambda wc: target_input(wc.model),
-        drafter=lambda wc: checkpoint_input(wc.model, "drafter"),
-        features=lambda wc: adapter_features(wc.model),
+        target=lambda wc: target_input(adapter_model(wc)),
+        drafter=lambda wc: checkpoint_input(adapter_model(wc), "drafter"),
+        features=lambda wc: adapter_features(wc.adapter),
     output:
         paths.ADAPTER,
     log:
-        log("train_adapter"),
+        log("train_adapter", "{adapter}"),
     params:
-        target=lambda wc: target_arg(wc.model),
-        drafter=lambda wc: checkpoint_of(wc.model, "drafter"),
-        features=lambda wc: adapter_features(wc.model).removesuffix("/summary.json"),
+        target=lambda wc: target_arg(adapter_model(wc)),
+        drafter=lambda wc: checkpoint_of(adapter_model(wc), "drafter"),
+        features=lambda wc: adapter_features(wc.adapter).removesuffix("/summary.json"),
         out=lambda wc, output: os.path.dirname(output[0]),
-        extra=lambda wc: args(config["models"][wc.model]["adapter"]["train_args"]),
+        extra=lambda wc: args(ADAPTERS[wc.adapter][2]["train_args"]),
     priority: 10
     threads: THREADS
     resources:
