@@ -17,7 +17,7 @@ def peers_inputs(wc):
     if needs & {"dflash_reference", "chain", "ddtree", "weaver"}:
         inputs["drafter"] = checkpoint_input(wc.model, "drafter")
     if "weaver" in needs:
-        inputs["adapter"] = checkpoint_input(wc.model, "adapter")
+        inputs["adapter"] = checkpoint_input(wc.model, "adapter", "0")  # every peer decodes greedily
     return inputs
 
 
@@ -26,7 +26,7 @@ def peers_flags(wc, input):
     if "drafter" in input.keys():
         flags += ["--drafter", checkpoint_of(wc.model, "drafter")]
     if "adapter" in input.keys():
-        flags += ["--adapter", checkpoint_of(wc.model, "adapter"), "--children", config["weaver_children"]]
+        flags += ["--adapter", checkpoint_of(wc.model, "adapter", "0"), "--children", config["weaver_children"]]
     return args(flags)
 
 
