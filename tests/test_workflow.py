@@ -206,6 +206,18 @@ def test_bad_per_temperature_adapter_fails_naming_it(tmp_path: Path, per_tempera
         assert name in run.stdout + run.stderr, run.stdout + run.stderr
 
 
+def test_a_model_named_like_a_per_temperature_adapter_is_refused(tmp_path: Path) -> None:
+    config = with_temperature_one(
+        yaml.safe_load((ROOT / "config" / "smoke.yaml").read_text()), [{"temperature": 1, "train_args": []}]
+    )
+    config["models"]["smollm2-135m.t1"] = config["models"]["smollm2-135m"] | {"adapter": {"train_args": []}}
+    path = tmp_path / "bad.yaml"
+    path.write_text(yaml.safe_dump(config))
+    run = snakemake("-n", "--configfile", str(path))
+    assert run.returncode != 0
+    assert "'smollm2-135m.t1' names both a model and the temperature-1 adapter" in run.stdout + run.stderr
+
+
 @pytest.mark.parametrize("profile", ["default", "gpu-smoke", "slurm"])
 def test_dry_run_of_every_profile(profile: str) -> None:
     run = snakemake(
