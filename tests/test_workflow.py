@@ -118,10 +118,11 @@ def trainer_args(config: dict) -> list[tuple[str, str, list[str]]]:
                 value = value.get(key) if isinstance(value, dict) else None
             if value is not None:
                 found.append((model, trainer, [str(a) for a in value]))
-        for entry in spec["adapter"].get("per_temperature", []):
+    for name, recipe in adapter_recipes(config):  # the model's own adapter is above; here its per_temperature ones
+        if name not in config["models"]:
             for trainer, key in (("features", "features_args"), ("adapter", "train_args")):
-                if key in entry:
-                    found.append((f"{model}.t{entry['temperature']:g}", trainer, [str(a) for a in entry[key]]))
+                if key in recipe:
+                    found.append((name, trainer, [str(a) for a in recipe[key]]))
     return found
 
 

@@ -81,10 +81,11 @@ def validate_config(config, schema_path):
                     f" temperature {label} (Weaver's temperatures: {sorted(served)}); drop the entry or add the"
                     " temperature to a grid"
                 )
-            if paths.adapter_name(model, float(label)) in config["models"]:
+            name = paths.adapter_name(model, float(label))
+            if name in config["models"]:
                 raise ValueError(
-                    f"config key models: {paths.adapter_name(model, float(label))!r} names both a model and the"
-                    f" temperature-{label} adapter of {model!r}; rename the model"
+                    f"config key models: {name!r} names both a model and the temperature-{label} adapter of"
+                    f" {model!r}; rename the model"
                 )
     if config["weaver_children"] != 8 and config["backend"] != "engine":
         raise ValueError(
@@ -127,22 +128,22 @@ BUDGET_FREE = sorted({method for grid in config["grids"] for method in grid.get(
 
 
 def adapters():
-    """Every adapter by its name in paths (weaver.paths.adapter_name): (model, temperature label or None, recipe)."""
+    """Every adapter by its name in paths (weaver.paths.adapter_name): (model, recipe)."""
     found = {}
     for model, spec in config["models"].items():
-        found[paths.adapter_name(model)] = (model, None, spec["adapter"])
+        found[paths.adapter_name(model)] = (model, spec["adapter"])
         for entry in spec["adapter"].get("per_temperature", []):
-            label = paths.temperature_label(entry["temperature"])
-            found[paths.adapter_name(model, entry["temperature"])] = (model, label, entry)
+            found[paths.adapter_name(model, entry["temperature"])] = (model, entry)
     return found
 
 
 ADAPTERS = adapters()
 
 
-def adapter_for(model, temperature):
-    """Name of the adapter that serves `model` at `temperature` (a label): its per_temperature one, else the default."""
-    name = paths.adapter_name(model, float(temperature))
+def adapter_for(model, temperature=None):
+    """Name of the adapter that serves `model` at `temperature` (a label): its per_temperature one, else the default
+    (also for None)."""
+    name = paths.adapter_name(model, None if temperature is None else float(temperature))
     return name if name in ADAPTERS else paths.adapter_name(model)
 
 

@@ -19,21 +19,18 @@ def checkpoint_of(model, kind, temperature=None):
     if kind == "drafter":
         spec = config["models"][model]["drafter"]
         return spec.get("path", paths.DRAFTER_DIR.format(run=RUN, model=model))
-    name = paths.adapter_name(model) if temperature is None else adapter_for(model, temperature)
-    return adapter_path(name)
+    return adapter_path(adapter_for(model, temperature))
 
 
 def checkpoint_input(model, kind, temperature=None):
     """Checkpoints this pipeline trains are inputs; pretrained ones are external (a dry run must work without)."""
-    if kind == "drafter":
-        return [] if "path" in config["models"][model]["drafter"] else [checkpoint_of(model, kind)]
-    name = paths.adapter_name(model) if temperature is None else adapter_for(model, temperature)
-    return [] if "path" in ADAPTERS[name][2] else [adapter_path(name)]
+    spec = config["models"][model]["drafter"] if kind == "drafter" else ADAPTERS[adapter_for(model, temperature)][1]
+    return [] if "path" in spec else [checkpoint_of(model, kind, temperature)]
 
 
 def adapter_path(name):
     """Checkpoint file of the adapter `name` (a key of ADAPTERS): its config path, or the one this pipeline trains."""
-    return ADAPTERS[name][2].get("path", paths.ADAPTER.format(run=RUN, adapter=name))
+    return ADAPTERS[name][1].get("path", paths.ADAPTER.format(run=RUN, adapter=name))
 
 
 rule build_hybrid:
@@ -73,7 +70,7 @@ rule train_drafter:
 
 def adapter_features(name):
     """The features adapter `name` trains on: its own set when its recipe gives features_args, else its drafter's."""
-    model, _, recipe = ADAPTERS[name]
+    model, recipe = ADAPTERS[name]
     if "features_args" in recipe:
         return paths.ADAPTER_FEATURES_DIR.format(run=RUN, adapter=name) + "/summary.json"
     return paths.FEATURES_DIR.format(run=RUN, model=model)
@@ -99,7 +96,7 @@ rule adapter_features:
         target=lambda wc: target_arg(adapter_model(wc)),
         drafter=lambda wc: checkpoint_of(adapter_model(wc), "drafter"),
         out=lambda wc, output: os.path.dirname(output[0]),
-        extra=lambda wc: args(ADAPTERS[wc.adapter][2]["features_args"]),
+        extra=lambda wc: args(ADAPTERS[wc.adapter][1]["features_args"]),
     priority: 15
     threads: THREADS
     resources:
@@ -125,7 +122,7 @@ rule train_adapter:
         drafter=lambda wc: checkpoint_of(adapter_model(wc), "drafter"),
         features=lambda wc: adapter_features(wc.adapter).removesuffix("/summary.json"),
         out=lambda wc, output: os.path.dirname(output[0]),
-        extra=lambda wc: args(ADAPTERS[wc.adapter][2]["train_args"]),
+        extra=lambda wc: args(ADAPTERS[wc.adapter][1]["train_args"]),
     priority: 10
     threads: THREADS
     resources:
