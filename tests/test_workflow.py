@@ -425,6 +425,46 @@ def test_smoke_run_end_to_end(tmp_path: Path) -> None:
 
 
 @pytest.mark.slow
+def test_smoke_run_trains_and_serves_an_adapter_per_temperature(tmp_path: Path) -> None:
+    """A temperature-1 adapter from nothing: its own sampled completions, its training, the temperature-1 Weaver cell
+    and eval_depth's temperature-1 rows on it, while temperature 0 keeps the model's default adapter."""
+    import csv
+
+    from weaver.bench import checkpoint_id
+
+    config = yaml.safe_load((ROOT / "config" / "smoke.yaml").read_text())
+    features = ["--data", "target", "--num-sequences", "8", "--regen-tokens", "8", "--regen-batch", "8",
+                "--regen-temperatures", "1"]  # fmt: skip
+    one = {"temperature": 1, "features_args": features, "train_args": ["--steps", "2"]}
+    config = with_temperature_one(config, [one])
+    config["datasets"] = {"mt_bench": 1}
+    config["grids"][0]["datasets"] = ["mt_bench"]
+    path = tmp_path / "config.yaml"
+    path.write_text(yaml.safe_dump(config))
+    run_dir = tmp_path / "results" / "smoke"
+    cell = "results/smoke/raw/bench/smollm2-135m/mt_bench/weaver/b4-t{}/meta.json"
+    targets = [cell.format(0), cell.format(1), "results/smoke/raw/depth/smollm2-135m.trees.csv"]
+    run = snakemake(*targets, "--configfile", str(path), "--directory", str(tmp_path), timeout=600)
+    assert run.returncode == 0, run.stdout[-5000:] + run.stderr[-5000:]
+
+    settings = json.loads((run_dir / "adapter_features" / "smollm2-135m.t1" / "completions.settings.json").read_text())
+    assert settings["regen_temperatures"] == [1.0], settings
+    names = {0: "smollm2-135m", 1: "smollm2-135m.t1"}
+    adapters = {t: str(run_dir / "adapters" / name / "adapter.pt") for t, name in names.items()}
+    for temperature, adapter in adapters.items():
+        meta = json.loads((tmp_path / cell.format(temperature)).read_text())
+        assert meta["cell"]["adapter"] == os.path.relpath(adapter, tmp_path), meta["cell"]
+        assert meta["checkpoints"]["adapter"] == checkpoint_id(adapter)
+        assert meta["summary"]["n_records"] == 1
+    with (run_dir / "raw" / "depth" / "smollm2-135m.trees.csv").open() as f:
+        temperatures = {float(row["temperature"]) for row in csv.DictReader(f) if row["method"] == "weaver"}
+    assert temperatures == {0.0, 1.0}
+    log = (run_dir / "logs" / "eval_depth" / "smollm2-135m.log").read_text()
+    for temperature, adapter in adapters.items():
+        assert f"t={temperature}: adapter {os.path.relpath(adapter, tmp_path)}\n" in log, log
+
+
+@pytest.mark.slow
 def test_smoke_run_through_slurm(tmp_path: Path, slurm_cluster: None) -> None:
     """The smoke config via sbatch on a one-node cluster."""
     profile = str(ROOT / "profiles" / "slurm")

@@ -525,6 +525,8 @@ def main(argv: list[str] | None = None) -> None:
     model.eval().requires_grad_(False)
     drafter = load_drafter(args.drafter).eval()
     chosen = adapter_paths(args)
+    for temperature, path in chosen.items():
+        print(f"t={temperature:g}: adapter {path}")
     loaded = {path: Weaver.load(path).eval() for path in dict.fromkeys(chosen.values()) if path is not None}
     name = args.model_name or Path(args.model).name
     trees: dict[float, TreeSpec | None] = dict.fromkeys(args.temperatures)
