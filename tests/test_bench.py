@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import torch
 
 from weaver.bench import CellConfig, main, parse_args, read_records, run_prompts
 
@@ -74,6 +75,7 @@ def test_records_and_meta(tmp_path: Path) -> None:
     assert set(meta["git"]) == {"sha", "dirty"}
     assert meta["packages"]["torch"] is not None
     assert meta["hardware"]["cores"] >= 1
+    assert meta["hardware"]["cpu_capability"] == torch.backends.cpu.get_cpu_capability()
 
 
 def test_resume_after_interrupt(tmp_path: Path) -> None:

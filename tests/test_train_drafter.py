@@ -377,7 +377,7 @@ def write_tiny_target_folder(folder) -> None:
     PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="t1").save_pretrained(folder)
 
 
-def test_cli_trains_a_loadable_drafter(tmp_path):
+def test_cli_trains_a_loadable_drafter(tmp_path, capsys):
     write_tiny_target_folder(tmp_path / "target")
     data = tmp_path / "data.jsonl"
     data.write_text("".join(json.dumps({"ids": list(s.ids), "prompt_len": s.prompt_len}) + "\n" for s in sequences(6)))
@@ -387,6 +387,8 @@ def test_cli_trains_a_loadable_drafter(tmp_path):
          "--block-size", "4", "--num-layers", "1", "--target-layer-ids", "1", "3", "--seqs-per-step", "2",
          "--shard-size", "4", "--top-k", "4", "--warmup-steps", "1"]
     )  # fmt: skip
+    first_line = capsys.readouterr().out.splitlines()[0]  # what decides the run's float results, atop its log
+    assert first_line.startswith(f"host: torch {torch.__version__} ({torch.backends.cpu.get_cpu_capability()} kernels")
     drafter = load_drafter(out)
     assert drafter.cfg.target_layer_ids == (1, 3) and drafter.cfg.hidden_size == D_MODEL
     assert drafter.hidden_layers == (1, 3, N_LAYERS - 1)

@@ -338,7 +338,7 @@ def _matches(record: dict[str, Any], identity: dict[str, Any]) -> bool:
 
 def environment() -> dict[str, Any]:
     """Provenance for meta.json: git sha + dirty flag, package versions, hardware."""
-    return {"git": _git_state(), "packages": _package_versions(), "hardware": _hardware(), "created": time.time()}
+    return {"git": _git_state(), "packages": _package_versions(), "hardware": hardware(), "created": time.time()}
 
 
 def _git_state() -> dict[str, Any]:
@@ -363,7 +363,8 @@ def _package_versions() -> dict[str, str | None]:
     return versions
 
 
-def _hardware() -> dict[str, Any]:
+def hardware() -> dict[str, Any]:
+    """The machine a run ran on (meta.json's "hardware"; the trainers print it at the top of their logs)."""
     import torch
 
     cpu = platform.processor() or None
@@ -376,6 +377,9 @@ def _hardware() -> dict[str, Any]:
         "cpu": cpu,
         "cores": os.cpu_count(),
         "torch_threads": torch.get_num_threads(),
+        # the SIMD kernels torch dispatches to (e.g. AVX2, AVX512): float results, and so trained weights, can differ
+        # between hosts that differ here even with equal packages and seeds
+        "cpu_capability": torch.backends.cpu.get_cpu_capability(),
         "gpu": gpu,
         "machine": platform.machine(),
         "host": platform.node(),

@@ -56,7 +56,23 @@ def main(argv: list[str] | None = None) -> None:
     argv = sys.argv[1:] if argv is None else argv
     line_buffered_stdout()
     args = build_parser(argv).parse_args(argv)
+    print_host()
     trainer_module(args.trainer).main(args)
+
+
+def print_host() -> None:
+    """One log line of what decides a run's floating-point results besides its flags: packages and the CPU's kernels
+    (a rebuild on a host with other SIMD kernels trains to different weights)."""
+    import torch
+    import transformers
+
+    from weaver.bench import hardware
+
+    hw = hardware()
+    print(
+        f"host: torch {torch.__version__} ({hw['cpu_capability']} kernels, {hw['torch_threads']} threads), "
+        f"transformers {transformers.__version__}, {hw['cpu']}, {hw['cores']} cores, gpu {hw['gpu']}"
+    )
 
 
 if __name__ == "__main__":
